@@ -1,0 +1,32 @@
+"""Runs the Alembic migrations in migrations/ against a database URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+import migrations
+
+MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # ConfigParser interpolation would treat '%' in a password as a directive.
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def current(url: str) -> None:
+    command.current(alembic_config(url), verbose=True)

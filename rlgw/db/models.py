@@ -1,0 +1,178 @@
+"""SQLAlchemy tables of the learning record. Alembic migrations are the only way they change."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSONB}
+
+
+def _now() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+class RegisteredModel(Base):
+    """A policy served under one name; its backends all serve the same version lineage."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    path: Mapped[str | None] = mapped_column(Text, comment="base checkpoint directory")
+    current_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = _now()
+
+
+class Backend(Base):
+    """One vLLM server of a model, with the routing state every gateway replica agrees on."""
+
+    __tablename__ = "backends"
+    __table_args__ = (Index(None, "model_id", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(Text, unique=True)
+    state: Mapped[str] = mapped_column(
+        String(16),
+        default="active",
+        server_default="active",
+        comment="active|draining|paused|failed|offline",
+    )
+    state_reason: Mapped[str | None] = mapped_column(Text)
+    served_version: Mapped[int | None] = mapped_column(
+        Integer, comment="policy version resident on the backend, verified by the last swap"
+    )
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+
+class PolicyVersion(Base):
+    """A policy version of a model: the base checkpoint (0) or the result of a training update."""
+
+    __tablename__ = "policy_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    parent_version: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(
+        String(16), default="base", server_default="base", comment="base|delta|full"
+    )
+    weights_path: Mapped[str | None] = mapped_column(Text)
+    checksum: Mapped[str | None] = mapped_column(String(128))
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    created_at: Mapped[datetime] = _now()
+
+
+class AgentSession(Base):
+    """One agent episode: the completions it made and the rewards it earned."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (Index(None, "status", "closed_at"),)
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    group_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    task_id: Mapped[str | None] = mapped_column(String(256))
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict, server_default="{}")
+    train: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
+    implicit: Mapped[bool] = mapped_column(
+        Boolean,
+        default=False,
+        server_default="false",
+        comment="created by the gateway for a call that named no session",
+    )
+    status: Mapped[str] = mapped_column(
+        String(16), default="open", server_default="open", comment="open|closed|consumed"
+    )
+    created_at: Mapped[datetime] = _now()
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Completion(Base):
+    """One generated answer, token-exact: what the backend produced and what the client saw."""
+
+    __tablename__ = "completions"
+    __table_args__ = (
+        Index(None, "session_id", "created_at"),
+        Index(None, "retry_group"),
+        Index(None, "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    api: Mapped[str] = mapped_column(String(32), comment="chat.completions|completions")
+    model: Mapped[str] = mapped_column(String(128))
+    backend_id: Mapped[int | None] = mapped_column(
+        ForeignKey("backends.id", ondelete="SET NULL")
+    )
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    # Token arrays are packed little-endian (int32 ids, float32 log-probs): 4 bytes a value.
+    prompt_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    output_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    output_logprobs: Mapped[bytes | None] = mapped_column(LargeBinary)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), comment="complete|incomplete|error")
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    stream: Mapped[bool] = mapped_column(Boolean)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float, comment="time to first token")
+    request: Mapped[dict[str, Any]] = mapped_column(comment="the client's request body")
+    response: Mapped[dict[str, Any] | None] = mapped_column(
+        comment="the response the client received (streams: assembled)"
+    )
+    retry_group: Mapped[str | None] = mapped_column(String(64))
+    is_orphan: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    parent_id: Mapped[str | None] = mapped_column(String(64))
+    eligible: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    eligibility_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Reward(Base):
+    """A scalar reward on a session or on one of its completions; stored once per idempotency key."""
+
+    __tablename__ = "rewards"
+    __table_args__ = (UniqueConstraint("session_id", "idempotency_key"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    session_id: Mapped[str] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"), index=True
+    )
+    completion_id: Mapped[str | None] = mapped_column(
+        ForeignKey("completions.id", ondelete="CASCADE"), index=True
+    )
+    value: Mapped[float] = mapped_column(Float)
+    idempotency_key: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[datetime] = _now()
