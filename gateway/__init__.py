@@ -1,0 +1,1 @@
+"""The gateway: OpenAI-compatible proxy, session and reward API, admin API, routing, recording."""

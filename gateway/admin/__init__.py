@@ -1,0 +1,1 @@
+"""Admin API: every route requires the admin key."""

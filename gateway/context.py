@@ -1,0 +1,25 @@
+"""Everything a gateway process holds for its lifetime, built in the app's lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from rlgw.settings import Settings
+
+from .openai.service import ProxyService
+from .recording import Recorder
+from .routing import BackendPool
+
+
+@dataclass
+class GatewayContext:
+    settings: Settings
+    engine: AsyncEngine
+    sessions: async_sessionmaker
+    http: httpx.AsyncClient
+    pool: BackendPool
+    recorder: Recorder
+    proxy: ProxyService

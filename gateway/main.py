@@ -1,0 +1,79 @@
+"""The gateway application: lifespan-held state, one error handler set, one router per surface."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI
+
+from rlgw.db.engine import async_session_factory, make_async_engine
+from rlgw.settings import Settings, get_settings
+
+from .admin.router import router as admin_router
+from .body_limit import BodyLimitMiddleware
+from .context import GatewayContext
+from .errors import install_error_handlers
+from .health import router as health_router
+from .openai.router import router as openai_router
+from .openai.service import ProxyService
+from .recording import Recorder
+from .routing import BackendPool
+
+log = logging.getLogger("rlgw.gateway")
+
+
+async def _refresh_forever(pool: BackendPool, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await pool.refresh()
+        except Exception as exc:  # keep the last known view; the next round retries
+            log.warning("backend registry refresh failed: %s", exc)
+
+
+def create_app(
+    settings: Settings | None = None, *, upstream_transport: httpx.AsyncBaseTransport | None = None
+) -> FastAPI:
+    """The gateway app. `upstream_transport` replaces the network to the backends (fault tests)."""
+    settings = settings or get_settings()
+    if not settings.database_url:
+        raise RuntimeError("RLGW_DATABASE_URL is not set (rlgw serve/up start one if needed)")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_async_engine(settings.database_url)
+        sessions = async_session_factory(engine)
+        timeout = httpx.Timeout(settings.upstream_timeout_s,
+                                connect=settings.upstream_connect_timeout_s)
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+        async with httpx.AsyncClient(
+            timeout=timeout, limits=limits, transport=upstream_transport
+        ) as http:
+            pool = BackendPool(sessions)
+            await pool.refresh()
+            recorder = Recorder(sessions, queue_size=settings.record_queue_size,
+                                batch_size=settings.record_batch_size)
+            recorder.start()
+            app.state.context = GatewayContext(
+                settings=settings, engine=engine, sessions=sessions, http=http, pool=pool,
+                recorder=recorder, proxy=ProxyService(pool, recorder, http, sessions),
+            )
+            refresher = asyncio.create_task(_refresh_forever(pool, settings.backend_refresh_s))
+            try:
+                yield
+            finally:
+                refresher.cancel()
+                await recorder.stop()
+                await engine.dispose()
+
+    app = FastAPI(title="RL Gateway", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    app.include_router(openai_router)
+    app.include_router(admin_router)
+    app.include_router(health_router)
+    return app

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible surface: chat completions, completions, models."""

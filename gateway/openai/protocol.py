@@ -1,0 +1,75 @@
+"""Request models of the OpenAI surface: the fields the gateway relies on are typed; the rest pass
+through untouched to the backend, which accepts or refuses them as it would directly."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1, max_length=64)
+    content: Any = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool | None = None
+
+
+class _GenerationRequest(BaseModel):
+    """Fields shared by both generation APIs, OpenAI's first, then vLLM's extensions."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, max_length=256)
+    n: int | None = Field(default=None, description="Only n=1 is recorded per request for now.")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = Field(
+        default=None,
+        description="vLLM extension: include prompt_token_ids and per-choice token_ids in the "
+        "response. The gateway always asks the backend for them and records them; they reach "
+        "the client only when this is true.",
+    )
+
+    @field_validator("n")
+    @classmethod
+    def _single_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError("only n=1 is supported by this gateway version")
+        return n
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool | None) -> bool | None:
+        if echo:
+            raise ValueError("echo=true is not supported: the recorded output would mix prompt tokens")
+        return echo
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ValueError("only one prompt per request is supported by this gateway version")
+        return prompt
+
+
+ApiName = Literal["chat.completions", "completions"]

@@ -1,0 +1,65 @@
+"""Routes of the OpenAI surface, on the plain base URL and on the per-session base URL."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+
+from ..deps import ContextDep, header_session_id
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .shaping import CHAT, COMPLETIONS
+
+router = APIRouter(tags=["openai"])
+HeaderSession = Annotated[str | None, Depends(header_session_id)]
+
+
+async def _raw_body(request: Request) -> dict[str, Any]:
+    # The typed model validated the body; the backend gets the client's own fields, unchanged.
+    return await request.json()
+
+
+@router.post("/v1/chat/completions", summary="Chat completion (recorded)")
+async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: ContextDep,
+                           session_id: HeaderSession):
+    return await ctx.proxy.generate(CHAT, await _raw_body(request), session_id)
+
+
+@router.post("/sessions/{session_id}/v1/chat/completions", summary="Chat completion in a session")
+async def session_chat_completions(session_id: str, body: ChatCompletionRequest, request: Request,
+                                   ctx: ContextDep):
+    return await ctx.proxy.generate(CHAT, await _raw_body(request), session_id)
+
+
+@router.post("/v1/completions", summary="Text completion (recorded)")
+async def completions(body: CompletionRequest, request: Request, ctx: ContextDep,
+                      session_id: HeaderSession):
+    return await ctx.proxy.generate(COMPLETIONS, await _raw_body(request), session_id)
+
+
+@router.post("/sessions/{session_id}/v1/completions", summary="Text completion in a session")
+async def session_completions(session_id: str, body: CompletionRequest, request: Request,
+                              ctx: ContextDep):
+    return await ctx.proxy.generate(COMPLETIONS, await _raw_body(request), session_id)
+
+
+def _model_list(ctx: ContextDep) -> dict[str, Any]:
+    created = int(time.time())
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "rlgw"}
+            for name in ctx.pool.models()
+        ],
+    }
+
+
+@router.get("/v1/models", summary="Models served through the gateway")
+async def list_models(ctx: ContextDep) -> dict[str, Any]:
+    return _model_list(ctx)
+
+
+@router.get("/sessions/{session_id}/v1/models", summary="Models (per-session base URL)")
+async def session_list_models(session_id: str, ctx: ContextDep) -> dict[str, Any]:
+    return _model_list(ctx)

@@ -1,0 +1,133 @@
+"""The gateway's view of the backend registry, and least-in-flight routing over ACTIVE backends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from rlgw.db.models import Backend, RegisteredModel
+
+from .errors import APIError
+
+log = logging.getLogger("rlgw.routing")
+
+ACTIVE = "active"
+
+
+@dataclass
+class BackendView:
+    """One backend as this gateway process sees it; `in_flight` is this process's own count."""
+
+    id: int
+    model: str
+    url: str
+    state: str
+    served_version: int | None
+    in_flight: int = 0
+
+    @property
+    def routable(self) -> bool:
+        return self.state == ACTIVE and self.served_version is not None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A backend chosen for one request, and the policy version it serves for that request's life."""
+
+    backend_id: int
+    url: str
+    served_version: int
+
+
+@dataclass
+class BackendPool:
+    """Routes requests to ACTIVE backends; re-reads the registry from Postgres on `refresh()`."""
+
+    sessions: async_sessionmaker
+    hold_timeout_s: float = 30.0
+    _by_id: dict[int, BackendView] = field(default_factory=dict)
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def refresh(self) -> None:
+        async with self.sessions() as db:
+            rows = (
+                await db.execute(
+                    select(Backend, RegisteredModel.name).join(
+                        RegisteredModel, Backend.model_id == RegisteredModel.id
+                    )
+                )
+            ).all()
+        seen = set()
+        for backend, model_name in rows:
+            seen.add(backend.id)
+            view = self._by_id.get(backend.id)
+            if view is None:
+                self._by_id[backend.id] = BackendView(
+                    backend.id, model_name, backend.url, backend.state, backend.served_version
+                )
+            else:  # keep the in-flight count: it is this process's own
+                view.model, view.url = model_name, backend.url
+                view.state, view.served_version = backend.state, backend.served_version
+        for gone in set(self._by_id) - seen:
+            del self._by_id[gone]
+        async with self._changed:
+            self._changed.notify_all()
+
+    def models(self) -> list[str]:
+        return sorted({b.model for b in self._by_id.values()})
+
+    def backends(self) -> list[BackendView]:
+        return sorted(self._by_id.values(), key=lambda b: b.id)
+
+    def _pick(self, model: str) -> BackendView | None:
+        candidates = [b for b in self._by_id.values() if b.model == model and b.routable]
+        return min(candidates, key=lambda b: (b.in_flight, b.id), default=None)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, model: str) -> AsyncIterator[Lease]:
+        """Hold one ACTIVE backend of `model` for a request.
+
+        When every backend of the model is out of routing (a swap in progress), the request waits
+        up to `hold_timeout_s` rather than being sent to a paused server, where vLLM would queue it
+        and later run it on new weights under the old version label.
+        """
+        if not any(b.model == model for b in self._by_id.values()):
+            raise APIError(
+                404, f"The model `{model}` does not exist.", code="model_not_found", param="model"
+            )
+        view = self._pick(model)
+        if view is None:
+            view = await self._wait_for_backend(model)
+        view.in_flight += 1
+        try:
+            assert view.served_version is not None
+            yield Lease(view.id, view.url, view.served_version)
+        finally:
+            view.in_flight -= 1
+
+    async def _wait_for_backend(self, model: str) -> BackendView:
+        async def _ready() -> BackendView:
+            async with self._changed:
+                while (view := self._pick(model)) is None:
+                    await self._changed.wait()
+                return view
+
+        try:
+            return await asyncio.wait_for(_ready(), self.hold_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(
+                503,
+                f"no backend of `{model}` is in service (weight swap or outage); retry later",
+                code="backend_unavailable",
+                headers={"Retry-After": "5"},
+            ) from None
+
+    def in_flight(self, backend_id: int) -> int:
+        view = self._by_id.get(backend_id)
+        return view.in_flight if view else 0
