@@ -1,0 +1,300 @@
+"""Build, start, health-check and stop the vLLM OpenAI-compatible server that backs the gateway."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+PLATFORMS = ("cpu", "gpu")
+# 512 is too short with a byte-level tokenizer: one small tool schema makes a ~400-token prompt.
+CPU_MAX_MODEL_LEN = 2048
+TOOL_CALL_PARSER = "hermes"
+DEFAULT_LOG_LEVEL = "WARNING"
+WORKER_EXTENSION = "trainer.vllm_worker.WeightUpdateExtension"
+PROGRESS_EVERY_S = 10.0
+
+
+class BackendError(RuntimeError):
+    """The vLLM backend failed to start or to become healthy."""
+
+
+def detect_platform() -> str:
+    """'gpu' when torch sees a CUDA device, else 'cpu'. RLGW_BACKEND_PLATFORM overrides."""
+    forced = os.environ.get("RLGW_BACKEND_PLATFORM", "").strip().lower()
+    if forced:
+        return _check_platform(forced)
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def available_worker_extension() -> str | None:
+    """WORKER_EXTENSION when its module can be imported here, else None."""
+    module = WORKER_EXTENSION.rpartition(".")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:
+        found = False
+    return WORKER_EXTENSION if found else None
+
+
+def _check_platform(platform: str) -> str:
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform must be one of {PLATFORMS}, not {platform!r}")
+    return platform
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def backend_command(
+    model_dir: Path | str,
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    served_model_name: str | None = None,
+    platform: str | None = None,
+    extra_args: Sequence[str] = (),
+    worker_extension: str | None = None,
+    dtype: str | None = None,
+    max_model_len: int | None = None,
+    log_level: str = DEFAULT_LOG_LEVEL,
+) -> tuple[list[str], dict[str, str]]:
+    """The vLLM server argv and the environment variables to add for it.
+
+    `extra_args` are appended last; a flag given there replaces the default of the same name
+    (for --dtype and --max-model-len). `max_model_len` defaults to CPU_MAX_MODEL_LEN on the CPU
+    and to the model's own limit on a GPU.
+    """
+    model_dir = Path(model_dir).expanduser().resolve()
+    platform = _check_platform(platform) if platform else detect_platform()
+    extra = list(extra_args)
+    argv = [
+        sys.executable,
+        "-m",
+        VLLM_MODULE,
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        served_model_name or model_dir.name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        TOOL_CALL_PARSER,
+    ]
+    if not _has_flag(extra, "--dtype"):
+        argv += ["--dtype", dtype or ("float32" if platform == "cpu" else "bfloat16")]
+    if platform == "cpu":
+        argv.append("--enforce-eager")
+        max_model_len = max_model_len or _cpu_max_model_len(model_dir)
+    if max_model_len and not _has_flag(extra, "--max-model-len"):
+        argv += ["--max-model-len", str(max_model_len)]
+    if worker_extension:
+        argv += ["--worker-extension-cls", worker_extension]
+    argv += extra
+    return argv, backend_env(platform, log_level)
+
+
+def _cpu_max_model_len(model_dir: Path) -> int:
+    """CPU_MAX_MODEL_LEN, or less when the model's config allows fewer positions."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+        return min(CPU_MAX_MODEL_LEN, int(config["max_position_embeddings"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return CPU_MAX_MODEL_LEN
+
+
+def backend_env(platform: str, log_level: str = DEFAULT_LOG_LEVEL) -> dict[str, str]:
+    """Environment additions: dev-mode control endpoints, offline hub, CPU cache and threads."""
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_LOGGING_LEVEL": log_level.upper(),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    if platform == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return env
+
+
+def check_model_dir(model_dir: Path | str) -> Path:
+    """The model directory, resolved; FileNotFoundError unless it holds a config.json."""
+    path = Path(model_dir).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no model at {path} (expected {path / 'config.json'})")
+    return path
+
+
+def default_log_path(port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"rlgw-vllm-{port}.log"
+
+
+def start_backend(
+    model_dir: Path | str,
+    port: int,
+    *,
+    log_path: Path | str | None = None,
+    **command_kwargs,
+) -> subprocess.Popen:
+    """Start vLLM in a new process group; stdout and stderr go to log_path (a temp file if None).
+
+    The log path is kept on the returned process as `proc.log_path` for `wait_healthy`.
+    """
+    argv, env_add = backend_command(check_model_dir(model_dir), port, **command_kwargs)
+    log_path = Path(log_path) if log_path else default_log_path(port)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"\n[rlgw] starting: {' '.join(argv)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **env_add},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    return proc
+
+
+def log_tail(log_path: Path | str | None, lines: int = 40) -> str:
+    """The last lines of a log file ('' when there is none)."""
+    if not log_path or not Path(log_path).is_file():
+        return ""
+    text = Path(log_path).read_text(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _probe(client: httpx.Client, base_url: str) -> bool:
+    try:
+        if client.get(f"{base_url}/health").status_code != 200:
+            return False
+        return client.get(f"{base_url}/v1/models").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _failure(message: str, log_path: Path | str | None) -> BackendError:
+    tail = log_tail(log_path)
+    where = f" (log: {log_path})" if log_path else ""
+    return BackendError(f"{message}{where}" + (f"\n--- last log lines ---\n{tail}" if tail else ""))
+
+
+def wait_healthy(
+    url: str,
+    timeout_s: float = 180,
+    proc: subprocess.Popen | None = None,
+    *,
+    log_path: Path | str | None = None,
+    poll_s: float = 0.5,
+) -> None:
+    """Block until GET /health and GET /v1/models answer 200, or raise BackendError."""
+    base_url = url.rstrip("/")
+    log_path = log_path or getattr(proc, "log_path", None)
+    start = time.monotonic()
+    next_report = start + PROGRESS_EVERY_S
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            if proc is not None and proc.poll() is not None:
+                raise _failure(f"vLLM exited with code {proc.returncode} before healthy", log_path)
+            if _probe(client, base_url):
+                print(
+                    f"[backend] healthy at {base_url} after {time.monotonic() - start:.1f}s",
+                    flush=True,
+                )
+                return
+            now = time.monotonic()
+            if now - start > timeout_s:
+                raise _failure(f"vLLM at {base_url} not healthy after {timeout_s:.0f}s", log_path)
+            if now >= next_report:
+                print(f"[backend] waiting for {base_url} ({now - start:.0f}s)", flush=True)
+                next_report = now + PROGRESS_EVERY_S
+            time.sleep(poll_s)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def stop_backend(proc: subprocess.Popen, timeout_s: float = 20) -> int | None:
+    """SIGTERM the server's process group, then SIGKILL what is left after timeout_s."""
+    pgid = proc.pid  # start_new_session=True: the server leads its own group
+    if proc.poll() is None or _group_alive(pgid):
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and (proc.poll() is None or _group_alive(pgid)):
+        time.sleep(0.1)
+    if proc.poll() is None or _group_alive(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    return proc.returncode
+
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_backend_foreground(
+    model_dir: Path | str,
+    port: int,
+    *,
+    stop_timeout_s: float = 20,
+    **command_kwargs,
+) -> int:
+    """Run vLLM attached to this terminal until it exits; forward SIGINT/SIGTERM/SIGHUP to it.
+
+    Returns vLLM's exit code (128 + signal number when it was killed by a signal).
+    """
+    argv, env_add = backend_command(check_model_dir(model_dir), port, **command_kwargs)
+    print(f"[backend] {' '.join(argv)}", flush=True)
+    proc = subprocess.Popen(argv, env={**os.environ, **env_add}, start_new_session=True)
+    stopping = False
+
+    def forward(signum: int, _frame) -> None:
+        nonlocal stopping
+        if stopping:  # a second signal: do not wait any longer
+            _signal_group(proc.pid, signal.SIGKILL)
+            return
+        stopping = True
+        _signal_group(proc.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if _group_alive(proc.pid):
+            stop_backend(proc, stop_timeout_s)
+    return 128 - rc if rc < 0 else rc

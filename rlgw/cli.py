@@ -1,0 +1,128 @@
+"""The `rlgw` command: set up, serve, and inspect the gateway."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rlgw.settings import Settings
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}
+    return Settings(**overrides)
+
+
+def cmd_init_model(args: argparse.Namespace) -> int:
+    from trainer.init_model import create_model
+
+    create_model(Path(args.out), preset=args.preset, seed=args.seed, overwrite=args.overwrite)
+    return 0
+
+
+def cmd_backend(args: argparse.Namespace) -> int:
+    from rlgw.backend_launcher import run_backend_foreground
+
+    return run_backend_foreground(
+        args.model, args.port, host=args.host, served_model_name=args.name, platform=args.platform
+    )
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from rlgw.database import resolve_database_url
+    from rlgw.db import migrate
+
+    url = resolve_database_url(Settings())
+    {"upgrade": migrate.upgrade, "downgrade": migrate.downgrade, "current": migrate.current}[
+        args.action
+    ](url, *([args.revision] if args.action != "current" else []))
+    return 0
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from rlgw.database import resolve_database_url
+    from rlgw.db.engine import make_sync_engine, sync_session_factory
+    from rlgw.registry import register_backend
+
+    engine = make_sync_engine(resolve_database_url(Settings()))
+    backend_id = register_backend(
+        sync_session_factory(engine), args.model, args.url, model_path=args.path
+    )
+    print(f"[rlgw] backend {backend_id}: {args.url} serves {args.model}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rlgw.database import resolve_database_url
+    from rlgw.db.migrate import upgrade
+    from rlgw.serve import run_gateway
+
+    settings = _settings(args)
+    upgrade(resolve_database_url(settings))
+    run_gateway(settings)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from rlgw.up import run_up
+
+    return run_up(
+        _settings(args), backend_port=args.backend_port, preset=args.preset, seed=args.seed
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlgw", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add(
+        "up", cmd_up, "Start everything on embedded defaults: Postgres, model, backend, gateway."
+    )
+    p.add_argument("--host", default=None, help="gateway bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="gateway port (default 8000)")
+    p.add_argument("--backend-port", type=int, default=8100, help="vLLM port (default 8100)")
+    p.add_argument("--preset", default="tiny", help="model preset created when missing")
+    p.add_argument("--seed", type=int, default=0, help="model seed")
+
+    p = add("serve", cmd_serve, "Run the gateway against the configured database.")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8000)")
+
+    p = add("init-model", cmd_init_model, "Write a Qwen2-architecture model with a byte tokenizer.")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "bench-0.5b"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model")
+
+    p = add("backend", cmd_backend, "Run a vLLM server for a model with the flags rlgw needs.")
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--name", default=None, help="served model name (default: directory name)")
+    p.add_argument("--platform", choices=["cpu", "gpu"], default=None, help="default: detect")
+
+    p = add("db", cmd_db, "Apply or inspect database migrations.")
+    p.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    p.add_argument("revision", nargs="?", default=None, help="default: head / base")
+
+    p = add("register", cmd_register, "Register a running vLLM server as a backend of a model.")
+    p.add_argument("--model", required=True, help="model name the server serves")
+    p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8100")
+    p.add_argument("--path", default=None, help="the model's base checkpoint directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "db" and args.revision is None:
+        args.revision = "head" if args.action == "upgrade" else "base"
+    sys.exit(args.handler(args))

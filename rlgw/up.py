@@ -1,0 +1,55 @@
+"""`rlgw up`: the main job on embedded defaults: Postgres, a tiny model, a backend, the gateway."""
+
+from __future__ import annotations
+
+from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
+from rlgw.database import resolve_database_url
+from rlgw.db.engine import make_sync_engine, sync_session_factory
+from rlgw.db.migrate import upgrade
+from rlgw.registry import register_backend
+from rlgw.serve import run_gateway
+from rlgw.settings import Settings
+
+
+def _banner(settings: Settings, model: str) -> str:
+    base = settings.base_url
+    return f"""
+[rlgw] ready. Point any OpenAI client at {base}/v1 (model "{model}"), e.g.
+
+    curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d \\
+      '{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 16}}'
+
+  per-session base URL: {base}/sessions/<session-id>/v1
+  stored record:        curl -H "Authorization: Bearer $RLGW_ADMIN_KEY" \\
+                             {base}/admin/completions/<id>
+  health:               {base}/healthz
+"""
+
+
+def run_up(settings: Settings, *, backend_port: int, preset: str, seed: int) -> int:
+    from trainer.init_model import create_model
+
+    url = resolve_database_url(settings)
+    print("[rlgw] applying migrations", flush=True)
+    upgrade(url)
+    model = f"{preset}-seed{seed}"
+    model_dir = settings.home / "models" / model
+    if not (model_dir / "config.json").exists():
+        create_model(model_dir, preset=preset, seed=seed)
+    log_path = settings.home / "logs" / f"vllm-{backend_port}.log"
+    print(f"[rlgw] starting vLLM on port {backend_port} (log: {log_path})", flush=True)
+    backend = start_backend(model_dir, backend_port, served_model_name=model, log_path=log_path)
+    try:
+        backend_url = f"http://127.0.0.1:{backend_port}"
+        wait_healthy(backend_url, proc=backend)
+        engine = make_sync_engine(url)
+        register_backend(
+            sync_session_factory(engine), model, backend_url, model_path=str(model_dir)
+        )
+        engine.dispose()
+        print(_banner(settings, model), flush=True)
+        run_gateway(settings)
+    finally:
+        print("[rlgw] stopping vLLM", flush=True)
+        stop_backend(backend)
+    return 0
