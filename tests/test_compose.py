@@ -1,0 +1,171 @@
+"""docker-compose.yml validates and describes the deployment we intend (config only: no engine).
+
+`docker-compose config` (1.29, Debian's package) and, where the plugin exists, `docker compose
+config` (v2) parse, interpolate and validate the file without a Docker engine. Nothing here
+builds an image or starts a container.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+SERVICES = {"postgres", "vllm", "gateway", "trainer"}
+ADMIN_KEY = "compose-test-admin-key-0123456789"
+NOT_INSTALLED = "docker-compose not installed: apt-get install docker-compose"
+TOOLS = {"docker-compose": ["docker-compose"], "docker compose": ["docker", "compose"]}
+
+
+@cache
+def _available(tool: str) -> bool:
+    argv = TOOLS[tool]
+    if shutil.which(argv[0]) is None:
+        return False
+    try:
+        probe = subprocess.run(
+            [*argv, "version"], capture_output=True, text=True, timeout=20, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+@pytest.fixture(params=list(TOOLS), ids=lambda t: t.replace(" ", "-"))
+def compose(request: pytest.FixtureRequest) -> list[str]:
+    tool = request.param
+    if not _available(tool):
+        if not any(_available(t) for t in TOOLS):
+            pytest.skip(NOT_INSTALLED)
+        pytest.skip(f"`{tool}` not installed here (the other compose tool is tested)")
+    return TOOLS[tool]
+
+
+def _run_config(compose: list[str], tmp_path: Path, admin_key: str | None):
+    """`<compose> config` on our file with a clean environment and an empty env file."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RLGW_", "POSTGRES_", "COMPOSE_"))
+    }
+    if admin_key is not None:
+        env["RLGW_ADMIN_KEY"] = admin_key
+    env_file = tmp_path / "empty.env"  # ignore a developer's ./.env
+    env_file.write_text("")
+    argv = [
+        *compose,
+        "--env-file",
+        str(env_file),
+        "-f",
+        str(COMPOSE_FILE),
+        "--profile",
+        "trainer",
+        "config",
+    ]
+    return subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.fixture
+def config(compose: list[str], tmp_path: Path) -> dict[str, Any]:
+    result = _run_config(compose, tmp_path, ADMIN_KEY)
+    assert result.returncode == 0, f"{' '.join(compose)} config failed:\n{result.stderr}"
+    parsed = yaml.safe_load(result.stdout)
+    assert isinstance(parsed, dict) and "services" in parsed, result.stdout
+    return parsed
+
+
+def _argv(value: Any) -> list[str]:
+    """command/entrypoint as a list (a string form is split on whitespace)."""
+    if value is None:
+        return []
+    return value.split() if isinstance(value, str) else [str(v) for v in value]
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def _published_ports(service: dict[str, Any]) -> set[int]:
+    ports = set()
+    for port in service.get("ports") or []:
+        if isinstance(port, dict):
+            if port.get("published") not in (None, ""):
+                ports.add(int(port["published"]))
+        else:  # short syntax: [HOST_IP:]HOST:CONTAINER[/proto] or CONTAINER
+            parts = str(port).split("/")[0].split(":")
+            if len(parts) >= 2:
+                ports.add(int(parts[-2]))
+    return ports
+
+
+def _condition(service: dict[str, Any], dependency: str) -> str | None:
+    depends = service.get("depends_on") or {}
+    if isinstance(depends, list):
+        return "service_started" if dependency in depends else None
+    entry = depends.get(dependency)
+    return None if entry is None else (entry or {}).get("condition", "service_started")
+
+
+def test_services_and_healthchecks(config: dict[str, Any]) -> None:
+    services = config["services"]
+    assert set(services) >= SERVICES, sorted(services)
+    for name in ("postgres", "vllm", "gateway"):
+        check = services[name].get("healthcheck") or {}
+        assert check.get("test") and not check.get("disable"), f"{name} has no healthcheck"
+    assert "pg_isready" in " ".join(_argv(services["postgres"]["healthcheck"]["test"]))
+    assert "/health" in " ".join(_argv(services["vllm"]["healthcheck"]["test"]))
+    assert "/healthz" in " ".join(_argv(services["gateway"]["healthcheck"]["test"]))
+
+
+def test_vllm_dev_mode_and_worker_extension(config: dict[str, Any]) -> None:
+    vllm = config["services"]["vllm"]
+    assert _env(vllm).get("VLLM_SERVER_DEV_MODE") == "1"
+    argv = _argv(vllm.get("command"))
+    assert "--worker-extension-cls" in argv, argv
+    assert argv[argv.index("--worker-extension-cls") + 1] == (
+        "trainer.vllm_worker.WeightUpdateExtension"
+    )
+    assert argv[argv.index("--served-model-name") + 1] == "policy"
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+
+
+def test_database_port_not_published(config: dict[str, Any]) -> None:
+    services = config["services"]
+    assert not services["postgres"].get("ports"), "postgres must stay on the compose network"
+    for name, service in services.items():
+        assert 5432 not in _published_ports(service), f"{name} publishes the database port"
+    assert _published_ports(services["gateway"]), "the gateway must be published"
+    assert _env(services["gateway"])["RLGW_ADMIN_KEY"] == ADMIN_KEY
+    assert _env(services["gateway"])["RLGW_DATABASE_URL"].startswith("postgresql://")
+
+
+def test_startup_order(config: dict[str, Any]) -> None:
+    services = config["services"]
+    assert _condition(services["gateway"], "postgres") == "service_healthy"
+    assert _condition(services["register"], "gateway") == "service_healthy"
+    assert _condition(services["register"], "vllm") == "service_healthy"
+    register_argv = _argv(services["register"].get("command"))
+    assert register_argv[:2] == ["rlgw", "register"], register_argv
+    assert "http://vllm:8000" in register_argv
+    trainer = services["trainer"]
+    assert _condition(trainer, "register") == "service_completed_successfully"
+    assert _argv(trainer.get("entrypoint")) + _argv(trainer.get("command")) == ["rlgw", "train"]
+
+
+def test_admin_key_required(compose: list[str], tmp_path: Path) -> None:
+    result = _run_config(compose, tmp_path, admin_key=None)
+    assert result.returncode != 0, "config must fail without RLGW_ADMIN_KEY"
+    assert "RLGW_ADMIN_KEY" in result.stdout + result.stderr
