@@ -20,8 +20,9 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = APIError(413, f"request body exceeds {self.max_bytes} bytes",
-                             code="body_too_large")
+        too_large = APIError(
+            413, f"request body exceeds {self.max_bytes} bytes", code="body_too_large"
+        )
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 await too_large.response()(scope, receive, send)

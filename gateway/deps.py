@@ -46,8 +46,12 @@ def require_admin(
     """Admin key as `Authorization: Bearer <key>` or `X-Admin-Key`; 401 if absent, 403 if wrong."""
     presented = _presented_key(authorization, x_admin_key)
     if presented is None:
-        raise APIError(401, "admin key required (Authorization: Bearer or X-Admin-Key)",
-                       code="missing_admin_key", headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            "admin key required (Authorization: Bearer or X-Admin-Key)",
+            code="missing_admin_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     if not hmac.compare_digest(presented.encode(), ctx.settings.admin_key.encode()):
         raise APIError(403, "admin key not accepted", code="invalid_admin_key")
 
@@ -56,6 +60,8 @@ AdminDep = Depends(require_admin)
 
 
 def header_session_id(
-    x_session_id: Annotated[str | None, Header(description="Bind the call to this session.")] = None,
+    x_session_id: Annotated[
+        str | None, Header(description="Bind the call to this session.")
+    ] = None,
 ) -> str | None:
     return x_session_id

@@ -12,6 +12,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("rlgw.gateway")
 
+OPENAI_TAG = "openai"
+
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -57,12 +59,16 @@ class APIError(Exception):
         self.message = message
         self.code = code
         self.param = param
-        self.type = type or _TYPE_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        self.type = type or _TYPE_BY_STATUS.get(
+            status, "api_error" if status >= 500 else "invalid_request_error"
+        )
         self.headers = headers
 
     def envelope(self) -> dict:
         return ErrorResponse(
-            error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+            error=ErrorDetail(
+                message=self.message, type=self.type, param=self.param, code=self.code
+            )
         ).model_dump()
 
     def response(self) -> JSONResponse:
@@ -86,9 +92,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # The OpenAI surface answers invalid bodies with 400, as OpenAI and vLLM do; the
+        # gateway's own REST API uses 422, as FastAPI does.
+        route = request.scope.get("route")
+        status = 400 if OPENAI_TAG in getattr(route, "tags", ()) else 422
         message, param = _validation_message(exc)
-        return APIError(400, message, param=param, code="invalid_request").response()
+        return APIError(status, message, param=param, code="invalid_request").response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -49,15 +49,18 @@ async def healthz(ctx: ContextDep) -> JSONResponse:
             "reachable": err is None,
             "error": err,
         }
-        for b, err in zip(views, backend_errors)
+        for b, err in zip(views, backend_errors, strict=True)
     ]
     serving = any(b["reachable"] and b["state"] == "active" for b in backends)
     status = "ok" if db_error is None and serving else ("degraded" if db_error is None else "down")
     body = {
         "status": status,
         "database": {"ok": db_error is None, "error": db_error},
-        "recorder": {"backlog": ctx.recorder.backlog, "written": ctx.recorder.written,
-                     "failed": ctx.recorder.failed},
+        "recorder": {
+            "backlog": ctx.recorder.backlog,
+            "written": ctx.recorder.written,
+            "failed": ctx.recorder.failed,
+        },
         "backends": backends,
     }
     return JSONResponse(body, status_code=200 if db_error is None else 503)

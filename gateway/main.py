@@ -22,6 +22,7 @@ from .openai.router import router as openai_router
 from .openai.service import ProxyService
 from .recording import Recorder
 from .routing import BackendPool
+from .sessions.router import router as sessions_router
 
 log = logging.getLogger("rlgw.gateway")
 
@@ -47,20 +48,29 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_async_engine(settings.database_url)
         sessions = async_session_factory(engine)
-        timeout = httpx.Timeout(settings.upstream_timeout_s,
-                                connect=settings.upstream_connect_timeout_s)
+        timeout = httpx.Timeout(
+            settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s
+        )
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
         async with httpx.AsyncClient(
             timeout=timeout, limits=limits, transport=upstream_transport
         ) as http:
             pool = BackendPool(sessions)
             await pool.refresh()
-            recorder = Recorder(sessions, queue_size=settings.record_queue_size,
-                                batch_size=settings.record_batch_size)
+            recorder = Recorder(
+                sessions,
+                queue_size=settings.record_queue_size,
+                batch_size=settings.record_batch_size,
+            )
             recorder.start()
             app.state.context = GatewayContext(
-                settings=settings, engine=engine, sessions=sessions, http=http, pool=pool,
-                recorder=recorder, proxy=ProxyService(pool, recorder, http, sessions),
+                settings=settings,
+                engine=engine,
+                sessions=sessions,
+                http=http,
+                pool=pool,
+                recorder=recorder,
+                proxy=ProxyService(pool, recorder, http, sessions),
             )
             refresher = asyncio.create_task(_refresh_forever(pool, settings.backend_refresh_s))
             try:
@@ -74,6 +84,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(sessions_router)
     app.include_router(admin_router)
     app.include_router(health_router)
     return app

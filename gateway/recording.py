@@ -20,6 +20,7 @@ from rlgw.db.token_arrays import pack_ids, pack_logprobs
 from rlgw.evidence import evidence_problem
 
 from .errors import APIError
+from .lineage_store import link_into_session
 
 log = logging.getLogger("rlgw.recording")
 
@@ -48,15 +49,27 @@ class CompletionRecord:
     latency_ms: float | None = None
     ttft_ms: float | None = None
     finished_at: datetime | None = None
+    # Lineage: the sequence the request was conditioned on (not stored), and what is derived.
+    sequence: Any = None
+    retry_group: str | None = None
+    continuation_hash: str | None = None
+    continuation_len: int | None = None
+    parent_id: str | None = None
+    is_orphan: bool = False
+    orphan_reason: str | None = None
+    late_reason: str | None = None  # set when the session stopped accepting work meanwhile
 
     def row(self) -> dict[str, Any]:
-        problem = evidence_problem(
-            status=self.status,
-            finish_reason=self.finish_reason,
-            policy_version=self.policy_version,
-            prompt_token_ids=self.prompt_token_ids,
-            output_token_ids=self.output_token_ids,
-            output_logprobs=self.output_logprobs,
+        problem = (
+            evidence_problem(
+                status=self.status,
+                finish_reason=self.finish_reason,
+                policy_version=self.policy_version,
+                prompt_token_ids=self.prompt_token_ids,
+                output_token_ids=self.output_token_ids,
+                output_logprobs=self.output_logprobs,
+            )
+            or self.late_reason
         )
         return {
             "id": self.id,
@@ -80,6 +93,12 @@ class CompletionRecord:
             "response": self.response,
             "eligible": problem is None,
             "eligibility_reason": problem,
+            "retry_group": self.retry_group,
+            "continuation_hash": self.continuation_hash,
+            "continuation_len": self.continuation_len,
+            "parent_id": self.parent_id,
+            "is_orphan": self.is_orphan,
+            "orphan_reason": self.orphan_reason,
             "created_at": self.created_at,
             "finished_at": self.finished_at,
         }
@@ -122,13 +141,21 @@ class Recorder:
         try:
             self._queue.put_nowait(_Pending(record, done))
         except asyncio.QueueFull:
-            raise APIError(503, "recording queue full; retry later", code="recorder_overloaded",
-                           headers={"Retry-After": "1"}) from None
+            raise APIError(
+                503,
+                "recording queue full; retry later",
+                code="recorder_overloaded",
+                headers={"Retry-After": "1"},
+            ) from None
         try:
             await done
-        except Exception as exc:
-            raise APIError(503, f"the completion could not be recorded: {exc}",
-                           code="record_failed") from exc
+        except Exception as exc:  # the cause is logged by the writer; callers get no internals
+            raise APIError(
+                503,
+                "the completion could not be recorded; retry later",
+                code="record_failed",
+                headers={"Retry-After": "1"},
+            ) from exc
 
     def record_nowait(self, record: CompletionRecord) -> bool:
         """Queue `record` without waiting (for cancelled requests). False when the queue is full."""
@@ -137,8 +164,11 @@ class Recorder:
             return True
         except asyncio.QueueFull:
             self.failed += 1
-            log.error("recording queue full: completion %s (status %s) NOT recorded",
-                      record.id, record.status)
+            log.error(
+                "recording queue full: completion %s (status %s) NOT recorded",
+                record.id,
+                record.status,
+            )
             return False
 
     async def _run(self) -> None:
@@ -189,7 +219,13 @@ class Recorder:
             for r in records
             if r.implicit_session
         ]
+        named: dict[str, list[CompletionRecord]] = {}
+        for r in records:
+            if not r.implicit_session:
+                named.setdefault(r.session_id, []).append(r)
         async with self._sessions() as db, db.begin():
             if implicit:
                 await db.execute(insert(AgentSession).on_conflict_do_nothing(), implicit)
+            for session_id in sorted(named):  # a fixed lock order: no deadlock between writers
+                await link_into_session(db, session_id, named[session_id])
             await db.execute(insert(Completion), [r.row() for r in records])

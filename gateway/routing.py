@@ -38,7 +38,7 @@ class BackendView:
 
 @dataclass(frozen=True)
 class Lease:
-    """A backend chosen for one request, and the policy version it serves for that request's life."""
+    """A backend chosen for one request, and the policy version it serves for the request's life."""
 
     backend_id: int
     url: str

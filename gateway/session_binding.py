@@ -45,7 +45,9 @@ async def open_session(sessions: async_sessionmaker, session_id: str) -> None:
     if status is None:  # created by a concurrent request after this statement's snapshot
         async with sessions() as db:
             status = (
-                await db.execute(text("SELECT status FROM sessions WHERE id = :id"), {"id": session_id})
+                await db.execute(
+                    text("SELECT status FROM sessions WHERE id = :id"), {"id": session_id}
+                )
             ).scalar_one()
     if status != "open":
         raise APIError(

@@ -34,7 +34,9 @@ def start_embedded_postgres(home: Path, database: str = DATABASE_NAME) -> str:
 
 def _ensure_database(admin_uri: str, database: str) -> None:
     with psycopg.connect(admin_uri, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (database,)
+        ).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{database}"')
 

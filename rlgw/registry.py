@@ -33,8 +33,9 @@ def _resolve_version(http: httpx.Client, url: str) -> int:
     label = read_backend_version(http, url)
     if label == UNSET_VERSION_LABEL:
         # A server that was never swapped serves the checkpoint it was launched with: the base.
-        http.post(f"{url}/update_weight_version",
-                  json={"new_version": version_label(BASE_VERSION)}).raise_for_status()
+        http.post(
+            f"{url}/update_weight_version", json={"new_version": version_label(BASE_VERSION)}
+        ).raise_for_status()
         return BASE_VERSION
     try:
         return int(label)
@@ -80,8 +81,13 @@ def register_backend(
             .values(model_id=model_id, version=BASE_VERSION, kind="base", weights_path=model_path)
             .on_conflict_do_nothing()
         )
-        values = {"model_id": model_id, "url": url, "state": "active",
-                  "state_reason": None, "served_version": version}
+        values = {
+            "model_id": model_id,
+            "url": url,
+            "state": "active",
+            "state_reason": None,
+            "served_version": version,
+        }
         return db.execute(
             insert(Backend)
             .values(**values)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -41,7 +42,7 @@ class Settings(BaseSettings):
     public_url: str | None = Field(
         default=None,
         description="Base URL agents use to reach the gateway (for session base_url values). "
-        "Default: http://<host>:<port>.",
+        "Default: the URL the creating request used.",
     )
     admin_key: str = Field(
         default=DEFAULT_ADMIN_KEY,
@@ -59,6 +60,17 @@ class Settings(BaseSettings):
     )
     record_batch_size: int = Field(
         default=128, gt=0, description="Completion records written per database round trip."
+    )
+    reward_normalization: Literal["none", "mean", "mean_std"] = Field(
+        default="mean_std",
+        description="Default per-group normalization of session returns (a group may choose its "
+        "own at creation). A group of one always keeps its raw reward.",
+    )
+    group_deadline_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Seconds after a group's creation by which every member must be rewarded; "
+        "a group still missing a reward then is dropped, with the reason recorded.",
     )
     backend_refresh_s: float = Field(
         default=5.0, gt=0, description="How often each gateway re-reads the backend registry."

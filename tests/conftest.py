@@ -108,8 +108,11 @@ def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         wait_healthy(url, timeout_s=420, proc=proc)
         # The first request warms the engine up (~20 s on 2 cores); keep that out of the tests.
-        httpx.post(f"{url}/v1/completions", timeout=300,
-                   json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 4})
+        httpx.post(
+            f"{url}/v1/completions",
+            timeout=300,
+            json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 4},
+        )
         yield url
     finally:
         stop_backend(proc)
@@ -122,8 +125,9 @@ class LiveServer:
     """Runs an ASGI app under uvicorn in a thread, on a real port (so streaming is real)."""
 
     def __init__(self, app, port: int) -> None:
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                    log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{port}"
 
@@ -142,8 +146,9 @@ class LiveServer:
 
 
 def gateway_settings(database_url: str, **overrides) -> Settings:
-    return Settings(database_url=database_url, admin_key=ADMIN_KEY, home=Path("/nonexistent"),
-                    **overrides)
+    return Settings(
+        database_url=database_url, admin_key=ADMIN_KEY, home=Path("/nonexistent"), **overrides
+    )
 
 
 @pytest.fixture(scope="session")
@@ -152,8 +157,9 @@ def registered_backend(database_url: str, vllm_url: str, tiny_model_dir: Path) -
 
     engine = make_sync_engine(database_url)
     try:
-        return register_backend(sync_session_factory(engine), MODEL_NAME, vllm_url,
-                                model_path=str(tiny_model_dir))
+        return register_backend(
+            sync_session_factory(engine), MODEL_NAME, vllm_url, model_path=str(tiny_model_dir)
+        )
     finally:
         engine.dispose()
 
@@ -170,8 +176,9 @@ def gateway_url(database_url: str, registered_backend: int) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def admin_http(gateway_url: str) -> Iterator[httpx.Client]:
     """An HTTP client carrying the admin key."""
-    with httpx.Client(base_url=gateway_url, timeout=30,
-                      headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+    with httpx.Client(
+        base_url=gateway_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    ) as client:
         yield client
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from conftest import ADMIN_KEY
 
 
@@ -26,8 +25,11 @@ def test_wrong_key_gets_403_without_echo(http):
     assert "guess-123" not in reply.text
 
 
-@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {ADMIN_KEY}"},
-                                     {"X-Admin-Key": ADMIN_KEY}], ids=["bearer", "x-admin-key"])
+@pytest.mark.parametrize(
+    "headers",
+    [{"Authorization": f"Bearer {ADMIN_KEY}"}, {"X-Admin-Key": ADMIN_KEY}],
+    ids=["bearer", "x-admin-key"],
+)
 def test_right_key_reaches_the_route(http, headers):
     reply = http.get("/admin/completions/chatcmpl-missing", headers=headers)
     assert reply.status_code == 404

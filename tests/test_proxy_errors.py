@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from conftest import MODEL_NAME
 
 
@@ -36,16 +35,25 @@ def http(gateway_url: str):
         {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "top_logprobs": -1},
         {"model": 7, "messages": [{"role": "user", "content": "x"}]},
     ],
-    ids=["empty", "no-messages", "empty-messages", "messages-not-list", "no-role", "n>1",
-         "negative-top-logprobs", "model-not-string"],
+    ids=[
+        "empty",
+        "no-messages",
+        "empty-messages",
+        "messages-not-list",
+        "no-role",
+        "n>1",
+        "negative-top-logprobs",
+        "model-not-string",
+    ],
 )
 def test_malformed_chat_bodies_get_400(http, body):
     assert_envelope(http.post("/v1/chat/completions", json=body), 400)
 
 
 def test_invalid_json_gets_400(http):
-    reply = http.post("/v1/chat/completions", content=b"{not json",
-                      headers={"Content-Type": "application/json"})
+    reply = http.post(
+        "/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert_envelope(reply, 400)
 
 
@@ -54,29 +62,35 @@ def test_json_that_is_not_an_object_gets_400(http):
 
 
 def test_unknown_model_gets_404_model_not_found(http):
-    reply = http.post("/v1/chat/completions",
-                      json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    reply = http.post(
+        "/v1/chat/completions",
+        json={"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+    )
     assert assert_envelope(reply, 404)["code"] == "model_not_found"
 
 
 def test_backend_refusal_is_relayed_as_4xx(http):
     # vLLM refuses a token id outside the vocabulary; the client must see that 4xx, not a 500.
-    reply = http.post("/v1/completions",
-                      json={"model": MODEL_NAME, "prompt": [10**7], "max_tokens": 4})
+    reply = http.post(
+        "/v1/completions", json={"model": MODEL_NAME, "prompt": [10**7], "max_tokens": 4}
+    )
     assert 400 <= reply.status_code < 500, reply.text
     assert "error" in reply.json()
 
 
 def test_oversized_body_gets_413(http):
     huge = "x" * (5 * 1024 * 1024)
-    reply = http.post("/v1/chat/completions",
-                      json={"model": MODEL_NAME, "messages": [{"role": "user", "content": huge}]})
+    reply = http.post(
+        "/v1/chat/completions",
+        json={"model": MODEL_NAME, "messages": [{"role": "user", "content": huge}]},
+    )
     assert_envelope(reply, 413)
 
 
 def test_echo_is_refused_rather_than_recorded_wrongly(http):
-    reply = http.post("/v1/completions",
-                      json={"model": MODEL_NAME, "prompt": "hi", "echo": True, "max_tokens": 2})
+    reply = http.post(
+        "/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", "echo": True, "max_tokens": 2}
+    )
     assert_envelope(reply, 400)
 
 

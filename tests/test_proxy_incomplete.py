@@ -6,7 +6,6 @@ import json
 import time
 
 import httpx
-
 from conftest import MODEL_NAME, fetch_record
 
 
@@ -25,9 +24,10 @@ def test_client_disconnect_mid_stream_is_recorded_incomplete(gateway_url, admin_
         "ignore_eos": True,  # vLLM extension: make the stream long enough to walk away from
         "stream": True,
     }
-    with httpx.Client(timeout=60) as http, http.stream(
-        "POST", f"{gateway_url}/v1/chat/completions", json=body
-    ) as response:
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", f"{gateway_url}/v1/chat/completions", json=body) as response,
+    ):
         assert response.status_code == 200
         completion_id = _first_chunk_id(response)
     # The client has hung up after the first chunk.

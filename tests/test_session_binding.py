@@ -6,7 +6,6 @@ import uuid
 
 import httpx
 import openai
-
 from conftest import MODEL_NAME, fetch_record
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -21,16 +20,19 @@ def test_session_base_url_binds_the_completion(gateway_url, admin_http):
 
 def test_session_header_binds_the_completion(gateway_url, admin_http):
     session_id = f"h-{uuid.uuid4().hex}"
-    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused",
-                           default_headers={"X-Session-Id": session_id})
+    client = openai.OpenAI(
+        base_url=f"{gateway_url}/v1", api_key="unused", default_headers={"X-Session-Id": session_id}
+    )
     reply = client.completions.create(model=MODEL_NAME, prompt="abc", max_tokens=4)
     assert fetch_record(admin_http, reply.id)["session_id"] == session_id
 
 
 def test_a_call_without_session_gets_its_own(gateway_url, admin_http):
     with httpx.Client(base_url=gateway_url, timeout=60) as http:
-        reply = http.post("/v1/chat/completions",
-                          json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4})
+        reply = http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4},
+        )
     completion_id = reply.json()["id"]
     record = fetch_record(admin_http, completion_id)
     assert reply.headers["X-Session-Id"] == record["session_id"]
@@ -39,7 +41,10 @@ def test_a_call_without_session_gets_its_own(gateway_url, admin_http):
 
 def test_session_id_with_bad_characters_gets_400(gateway_url):
     with httpx.Client(base_url=gateway_url, timeout=60) as http:
-        reply = http.post("/v1/chat/completions", headers={"X-Session-Id": "bad id/..;"},
-                          json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4})
+        reply = http.post(
+            "/v1/chat/completions",
+            headers={"X-Session-Id": "bad id/..;"},
+            json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4},
+        )
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == "invalid_session_id"

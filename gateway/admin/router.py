@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from pydantic import BaseModel
 
 from rlgw.db.models import Completion
@@ -52,7 +52,9 @@ class CompletionPublic(BaseModel):
             session_id=row.session_id,
             api=row.api,
             model=row.model,
-            prompt_token_ids=None if row.prompt_token_ids is None else unpack_ids(row.prompt_token_ids),
+            prompt_token_ids=None
+            if row.prompt_token_ids is None
+            else unpack_ids(row.prompt_token_ids),
             output_token_ids=unpack_ids(row.output_token_ids),
             output_logprobs=unpack_logprobs(row.output_logprobs),
             policy_version=row.policy_version,
@@ -76,7 +78,9 @@ class CompletionPublic(BaseModel):
 
 
 @router.get("/completions/{completion_id}", response_model=CompletionPublic)
-async def read_completion(completion_id: str, db: DbDep) -> CompletionPublic:
+async def read_completion(
+    completion_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")], db: DbDep
+) -> CompletionPublic:
     row = await db.get(Completion, completion_id)
     if row is None:
         raise APIError(404, f"no completion {completion_id}", code="completion_not_found")

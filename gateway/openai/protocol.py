@@ -60,15 +60,17 @@ class CompletionRequest(_GenerationRequest):
     @classmethod
     def _no_echo(cls, echo: bool | None) -> bool | None:
         if echo:
-            raise ValueError("echo=true is not supported: the recorded output would mix prompt tokens")
+            raise ValueError(
+                "echo=true is not supported: the recorded output would mix prompt tokens"
+            )
         return echo
 
     @field_validator("prompt")
     @classmethod
     def _single_prompt(cls, prompt: Any) -> Any:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ValueError("only one prompt per request is supported by this gateway version")
+        batched = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+        if batched and len(prompt) != 1:
+            raise ValueError("only one prompt per request is supported by this gateway version")
         return prompt
 
 

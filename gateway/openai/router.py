@@ -5,14 +5,23 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 
 from ..deps import ContextDep, header_session_id
+from ..errors import OPENAI_TAG
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .shaping import CHAT, COMPLETIONS
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=[OPENAI_TAG])
 HeaderSession = Annotated[str | None, Depends(header_session_id)]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        max_length=256,
+        description="Requests of a session with the same key form one retry group.",
+    ),
+]
 
 
 async def _raw_body(request: Request) -> dict[str, Any]:
@@ -21,27 +30,55 @@ async def _raw_body(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/chat/completions", summary="Chat completion (recorded)")
-async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: ContextDep,
-                           session_id: HeaderSession):
-    return await ctx.proxy.generate(CHAT, await _raw_body(request), session_id)
+async def chat_completions(
+    body: ChatCompletionRequest,
+    request: Request,
+    ctx: ContextDep,
+    session_id: HeaderSession,
+    idempotency_key: IdempotencyKey = None,
+):
+    return await ctx.proxy.generate(
+        CHAT, await _raw_body(request), session_id, idempotency_key, request.receive
+    )
 
 
 @router.post("/sessions/{session_id}/v1/chat/completions", summary="Chat completion in a session")
-async def session_chat_completions(session_id: str, body: ChatCompletionRequest, request: Request,
-                                   ctx: ContextDep):
-    return await ctx.proxy.generate(CHAT, await _raw_body(request), session_id)
+async def session_chat_completions(
+    session_id: str,
+    body: ChatCompletionRequest,
+    request: Request,
+    ctx: ContextDep,
+    idempotency_key: IdempotencyKey = None,
+):
+    return await ctx.proxy.generate(
+        CHAT, await _raw_body(request), session_id, idempotency_key, request.receive
+    )
 
 
 @router.post("/v1/completions", summary="Text completion (recorded)")
-async def completions(body: CompletionRequest, request: Request, ctx: ContextDep,
-                      session_id: HeaderSession):
-    return await ctx.proxy.generate(COMPLETIONS, await _raw_body(request), session_id)
+async def completions(
+    body: CompletionRequest,
+    request: Request,
+    ctx: ContextDep,
+    session_id: HeaderSession,
+    idempotency_key: IdempotencyKey = None,
+):
+    return await ctx.proxy.generate(
+        COMPLETIONS, await _raw_body(request), session_id, idempotency_key, request.receive
+    )
 
 
 @router.post("/sessions/{session_id}/v1/completions", summary="Text completion in a session")
-async def session_completions(session_id: str, body: CompletionRequest, request: Request,
-                              ctx: ContextDep):
-    return await ctx.proxy.generate(COMPLETIONS, await _raw_body(request), session_id)
+async def session_completions(
+    session_id: str,
+    body: CompletionRequest,
+    request: Request,
+    ctx: ContextDep,
+    idempotency_key: IdempotencyKey = None,
+):
+    return await ctx.proxy.generate(
+        COMPLETIONS, await _raw_body(request), session_id, idempotency_key, request.receive
+    )
 
 
 def _model_list(ctx: ContextDep) -> dict[str, Any]:

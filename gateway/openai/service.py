@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -15,6 +16,7 @@ import anyio
 import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from .. import lineage
 from ..errors import APIError
 from ..recording import CompletionRecord, Recorder
 from ..routing import BackendPool, Lease
@@ -54,11 +56,14 @@ class _Call:
     t0: float
 
     def finish(self, status: str, reason: str | None = None) -> CompletionRecord:
-        self.record.status = status
-        self.record.status_reason = reason
-        self.record.latency_ms = _ms_since(self.t0)
-        self.record.finished_at = _now()
-        return self.record
+        rec = self.record
+        rec.status, rec.status_reason = status, reason
+        rec.latency_ms = _ms_since(self.t0)
+        rec.finished_at = _now()
+        if rec.response is not None:
+            seq = lineage.continuation(self.api, self.body, rec.response, rec.output_token_ids)
+            rec.continuation_hash, rec.continuation_len = lineage.sequence_hash(seq), len(seq)
+        return rec
 
 
 class RecordedStream(StreamingResponse):
@@ -82,14 +87,24 @@ class RecordedStream(StreamingResponse):
 
 
 class ProxyService:
-    def __init__(self, pool: BackendPool, recorder: Recorder, http: httpx.AsyncClient,
-                 sessions: Any) -> None:
+    def __init__(
+        self, pool: BackendPool, recorder: Recorder, http: httpx.AsyncClient, sessions: Any
+    ) -> None:
         self._pool = pool
         self._recorder = recorder
         self._http = http
         self._sessions = sessions
 
-    async def generate(self, api: str, body: dict[str, Any], session_id: str | None):
+    async def generate(
+        self,
+        api: str,
+        body: dict[str, Any],
+        session_id: str | None,
+        idempotency_key: str | None = None,
+        receive: Any = None,
+    ):
+        """Serve one generation request. `receive` is the ASGI receive channel, watched for the
+        client hanging up while a non-streamed answer is being generated."""
         record_id = _ID_PREFIX[api] + uuid.uuid4().hex
         if session_id is not None:
             await open_session(self._sessions, session_id)
@@ -106,6 +121,10 @@ class ProxyService:
                 stream=bool(body.get("stream")),
                 request=body,
                 created_at=_now(),
+                sequence=lineage.request_sequence(api, body),
+                retry_group=None
+                if session_id is None
+                else lineage.retry_key(session_id, api, body, idempotency_key),
             ),
             t0=time.perf_counter(),
         )
@@ -113,22 +132,33 @@ class ProxyService:
         try:
             if call.record.stream:
                 return await self._stream(call, headers)
-            return await self._complete(call, headers)
+            return await self._complete(call, headers, receive)
         except APIError as exc:  # tell the client which record holds the failure
             exc.headers = {**(exc.headers or {}), **headers}
             raise
 
-    async def _complete(self, call: _Call, headers: dict[str, str]) -> JSONResponse:
+    async def _complete(self, call: _Call, headers: dict[str, str], receive: Any) -> JSONResponse:
         async with self._pool.lease(call.record.model) as lease:
             self._stamp(call, lease)
+            post = self._http.post(
+                lease.url + _PATHS[call.api], json=upstream_body(call.api, call.body)
+            )
             try:
-                reply = await self._http.post(lease.url + _PATHS[call.api],
-                                              json=upstream_body(call.api, call.body))
+                reply = await _unless_client_leaves(post, receive)
             except httpx.HTTPError as exc:
                 await self._record_failure(call, f"backend unreachable: {exc!r}")
-                raise APIError(502, "the backend could not be reached", code="backend_error") from exc
+                raise APIError(
+                    502, "the backend could not be reached", code="backend_error"
+                ) from exc
+            except _ClientGone:
+                self._recorder.record_nowait(
+                    call.finish("incomplete", "client disconnected before the answer")
+                )
+                return JSONResponse({}, status_code=499)  # nobody is listening
         if reply.status_code != 200:
-            await self._record_failure(call, f"backend answered {reply.status_code}: {reply.text[:500]}")
+            await self._record_failure(
+                call, f"backend answered {reply.status_code}: {reply.text[:500]}"
+            )
             return _relay_error(reply.status_code, reply.content, headers)
         payload = reply.json()
         tokens = extract(call.api, payload)
@@ -141,30 +171,39 @@ class ProxyService:
         await self._recorder.record(call.finish("complete"))
         return JSONResponse(payload, headers=headers)
 
-    async def _stream(self, call: _Call, headers: dict[str, str]) -> StreamingResponse | JSONResponse:
+    async def _stream(
+        self, call: _Call, headers: dict[str, str]
+    ) -> StreamingResponse | JSONResponse:
         lease_cm = self._pool.lease(call.record.model)
         lease = await lease_cm.__aenter__()
         try:
             self._stamp(call, lease)
-            request = self._http.build_request("POST", lease.url + _PATHS[call.api],
-                                               json=upstream_body(call.api, call.body))
+            request = self._http.build_request(
+                "POST", lease.url + _PATHS[call.api], json=upstream_body(call.api, call.body)
+            )
             upstream = await self._http.send(request, stream=True)
         except BaseException as exc:
             await lease_cm.__aexit__(None, None, None)
             if isinstance(exc, httpx.HTTPError):
                 await self._record_failure(call, f"backend unreachable: {exc!r}")
-                raise APIError(502, "the backend could not be reached", code="backend_error") from exc
+                raise APIError(
+                    502, "the backend could not be reached", code="backend_error"
+                ) from exc
             raise
         if upstream.status_code != 200:
             content = await upstream.aread()
             await upstream.aclose()
             await lease_cm.__aexit__(None, None, None)
-            await self._record_failure(call, f"backend answered {upstream.status_code}: "
-                                             f"{content[:500].decode(errors='replace')}")
+            await self._record_failure(
+                call,
+                f"backend answered {upstream.status_code}: "
+                f"{content[:500].decode(errors='replace')}",
+            )
             return _relay_error(upstream.status_code, content, headers)
         relay = _Relay(call, upstream, lease_cm, self._recorder)
-        return RecordedStream(relay.run(), relay.abandon, media_type="text/event-stream",
-                              headers=headers)
+        return RecordedStream(
+            relay.run(), relay.abandon, media_type="text/event-stream", headers=headers
+        )
 
     @staticmethod
     def _fill(rec: CompletionRecord, assembly: StreamAssembly) -> None:
@@ -189,8 +228,9 @@ class ProxyService:
 class _Relay:
     """Forwards one upstream SSE stream to the client, recording every token on the way."""
 
-    def __init__(self, call: _Call, upstream: httpx.Response, lease_cm: Any,
-                 recorder: Recorder) -> None:
+    def __init__(
+        self, call: _Call, upstream: httpx.Response, lease_cm: Any, recorder: Recorder
+    ) -> None:
         self.call, self.upstream, self.lease_cm, self.recorder = call, upstream, lease_cm, recorder
         self.started = False
         self.released = False
@@ -206,7 +246,8 @@ class _Relay:
         if not self.started and not self.released:
             await self._release()
             self.recorder.record_nowait(
-                self.call.finish("incomplete", "client disconnected before the stream started"))
+                self.call.finish("incomplete", "client disconnected before the stream started")
+            )
 
     async def run(self) -> AsyncIterator[bytes]:
         """Relay chunks as they come; send [DONE] only after the record is committed."""
@@ -220,12 +261,18 @@ class _Relay:
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    outcome = ("complete", None) if assembly.tokens.finish_reason else (
-                        "incomplete", "stream ended without a finish reason")
+                    outcome = (
+                        ("complete", None)
+                        if assembly.tokens.finish_reason
+                        else ("incomplete", "stream ended without a finish reason")
+                    )
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
-                    outcome = ("error", f"backend error in stream: {json.dumps(chunk['error'])[:500]}")
+                    outcome = (
+                        "error",
+                        f"backend error in stream: {json.dumps(chunk['error'])[:500]}",
+                    )
                     yield _sse(chunk)
                     break
                 if rec.ttft_ms is None and chunk.get("choices"):
@@ -251,8 +298,37 @@ class _Relay:
                 return
             yield b"data: [DONE]\n\n"
         elif outcome[0] == "incomplete":
-            yield _sse(APIError(502, f"stream did not complete: {outcome[1]}",
-                                code="stream_incomplete").envelope())
+            yield _sse(
+                APIError(
+                    502, f"stream did not complete: {outcome[1]}", code="stream_incomplete"
+                ).envelope()
+            )
+
+
+class _ClientGone(Exception):
+    """The client hung up while its answer was being generated."""
+
+
+async def _wait_for_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_leaves(work: Any, receive: Any) -> Any:
+    """Await `work`, cancelling it (and so the backend request) if the client disconnects."""
+    if receive is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise _ClientGone
+    return task.result()
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -266,10 +342,13 @@ def _relay_error(status: int, content: bytes, headers: dict[str, str]) -> JSONRe
     except ValueError:
         payload = None
     if status >= 500 or not isinstance(payload, dict) or "error" not in payload:
-        message = "the backend failed to answer" if status >= 500 else "the backend refused the request"
+        message = (
+            "the backend failed to answer" if status >= 500 else "the backend refused the request"
+        )
         detail = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
         if isinstance(detail, str) and status < 500:
             message = detail
-        return APIError(502 if status >= 500 else status, message, code="backend_error",
-                        headers=headers).response()
+        return APIError(
+            502 if status >= 500 else status, message, code="backend_error", headers=headers
+        ).response()
     return JSONResponse(payload, status_code=status, headers=headers)

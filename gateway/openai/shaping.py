@@ -125,8 +125,8 @@ class StreamAssembly:
             self.text.append(delta["content"])
         for call in delta.get("tool_calls") or ():
             slot = self.tool_calls.setdefault(
-                call.get("index", 0), {"id": None, "type": "function",
-                                       "function": {"name": "", "arguments": ""}}
+                call.get("index", 0),
+                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
             )
             slot["id"] = call.get("id") or slot["id"]
             fn = call.get("function") or {}
@@ -147,9 +147,13 @@ class StreamAssembly:
             choice = {"index": 0, "text": text}
             kind = "text_completion"
         choice["finish_reason"] = self.tokens.finish_reason
-        out = {"id": record_id, "object": kind, "created": first.get("created"),
-               "model": first.get("model"), "choices": [choice]}
+        out = {
+            "id": record_id,
+            "object": kind,
+            "created": first.get("created"),
+            "model": first.get("model"),
+            "choices": [choice],
+        }
         if self.usage:
             out["usage"] = self.usage
         return out
-

@@ -164,13 +164,13 @@ def upgrade() -> None:
         sa.Column("ttft_ms", sa.Float(), nullable=True, comment="time to first token"),
         sa.Column(
             "request",
-            postgresql.JSONB(astext_type=sa.Text()),
+            postgresql.JSON(astext_type=sa.Text()),
             nullable=False,
             comment="the client's request body",
         ),
         sa.Column(
             "response",
-            postgresql.JSONB(astext_type=sa.Text()),
+            postgresql.JSON(astext_type=sa.Text()),
             nullable=True,
             comment="the response the client received (streams: assembled)",
         ),

@@ -20,7 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {
@@ -95,6 +95,26 @@ class PolicyVersion(Base):
     created_at: Mapped[datetime] = _now()
 
 
+class SessionGroup(Base):
+    """Sessions that share a group id (GRPO-style): their rewards are normalized together."""
+
+    __tablename__ = "groups"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    normalization: Mapped[str] = mapped_column(String(16), comment="none|mean|mean_std")
+    expected_size: Mapped[int | None] = mapped_column(
+        Integer, comment="sessions the group waits for before it can be trained on"
+    )
+    deadline_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), comment="after this, a group still missing rewards is dropped"
+    )
+    status: Mapped[str] = mapped_column(
+        String(16), default="open", server_default="open", comment="open|dropped"
+    )
+    dropped_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
 class AgentSession(Base):
     """One agent episode: the completions it made and the rewards it earned."""
 
@@ -102,7 +122,9 @@ class AgentSession(Base):
     __table_args__ = (Index(None, "status", "closed_at"),)
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    group_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    group_id: Mapped[str | None] = mapped_column(
+        ForeignKey("groups.id", ondelete="SET NULL"), index=True
+    )
     task_id: Mapped[str | None] = mapped_column(String(256))
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict, server_default="{}")
     train: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
@@ -117,6 +139,7 @@ class AgentSession(Base):
     )
     created_at: Mapped[datetime] = _now()
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    consumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Completion(Base):
@@ -133,9 +156,7 @@ class Completion(Base):
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
     api: Mapped[str] = mapped_column(String(32), comment="chat.completions|completions")
     model: Mapped[str] = mapped_column(String(128))
-    backend_id: Mapped[int | None] = mapped_column(
-        ForeignKey("backends.id", ondelete="SET NULL")
-    )
+    backend_id: Mapped[int | None] = mapped_column(ForeignKey("backends.id", ondelete="SET NULL"))
     policy_version: Mapped[int | None] = mapped_column(Integer)
     # Token arrays are packed little-endian (int32 ids, float32 log-probs): 4 bytes a value.
     prompt_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
@@ -147,13 +168,21 @@ class Completion(Base):
     stream: Mapped[bool] = mapped_column(Boolean)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float, comment="time to first token")
-    request: Mapped[dict[str, Any]] = mapped_column(comment="the client's request body")
+    # JSON, not JSONB: kept verbatim, and JSONB cannot hold the \u0000 a model may generate.
+    request: Mapped[dict[str, Any]] = mapped_column(JSON, comment="the client's request body")
     response: Mapped[dict[str, Any] | None] = mapped_column(
-        comment="the response the client received (streams: assembled)"
+        JSON, comment="the response the client received (streams: assembled)"
     )
     retry_group: Mapped[str | None] = mapped_column(String(64))
     is_orphan: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    orphan_reason: Mapped[str | None] = mapped_column(Text)
     parent_id: Mapped[str | None] = mapped_column(String(64))
+    continuation_hash: Mapped[str | None] = mapped_column(
+        String(64), comment="sha256 of the request's sequence followed by this output"
+    )
+    continuation_len: Mapped[int | None] = mapped_column(
+        Integer, comment="length of that sequence (messages, tokens or characters)"
+    )
     eligible: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     eligibility_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -161,7 +190,7 @@ class Completion(Base):
 
 
 class Reward(Base):
-    """A scalar reward on a session or on one of its completions; stored once per idempotency key."""
+    """A scalar reward on a session or one of its completions; stored once per idempotency key."""
 
     __tablename__ = "rewards"
     __table_args__ = (UniqueConstraint("session_id", "idempotency_key"),)
@@ -174,5 +203,14 @@ class Reward(Base):
         ForeignKey("completions.id", ondelete="CASCADE"), index=True
     )
     value: Mapped[float] = mapped_column(Float)
+    scope: Mapped[str] = mapped_column(
+        String(16),
+        default="completion",
+        server_default="completion",
+        comment="session: posted on the session (attached to its final completion) | completion",
+    )
     idempotency_key: Mapped[str | None] = mapped_column(String(256))
+    body_digest: Mapped[str | None] = mapped_column(
+        String(64), comment="digest of the posted body, to refuse a reused key with another body"
+    )
     created_at: Mapped[datetime] = _now()

@@ -6,8 +6,14 @@ import pytest
 
 from rlgw.evidence import evidence_problem
 
-GOOD = dict(status="complete", finish_reason="stop", policy_version=3, prompt_token_ids=[1, 2],
-            output_token_ids=[5, 6, 7], output_logprobs=[-0.1, -2.0, -0.5])
+GOOD = dict(
+    status="complete",
+    finish_reason="stop",
+    policy_version=3,
+    prompt_token_ids=[1, 2],
+    output_token_ids=[5, 6, 7],
+    output_logprobs=[-0.1, -2.0, -0.5],
+)
 
 
 def test_complete_evidence_passes():

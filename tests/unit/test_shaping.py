@@ -25,8 +25,11 @@ def test_completions_upstream_keeps_the_clients_top_k():
 
 
 def test_unrequested_extras_are_removed_from_the_reply():
-    payload = {"id": "up-1", "prompt_token_ids": [1],
-               "choices": [{"token_ids": [2], "logprobs": {"content": []}, "message": {}}]}
+    payload = {
+        "id": "up-1",
+        "prompt_token_ids": [1],
+        "choices": [{"token_ids": [2], "logprobs": {"content": []}, "message": {}}],
+    }
     make_visible(CHAT, payload, client_asks(CHAT, {}), "chatcmpl-rec")
     assert payload == {"id": "chatcmpl-rec", "choices": [{"logprobs": None, "message": {}}]}
 
@@ -40,9 +43,16 @@ def test_requested_extras_stay():
 
 
 def test_extract_reads_tokens_of_a_chat_reply():
-    payload = {"prompt_token_ids": [1, 2], "choices": [{
-        "token_ids": [7, 8], "finish_reason": "stop",
-        "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]}}]}
+    payload = {
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "token_ids": [7, 8],
+                "finish_reason": "stop",
+                "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]},
+            }
+        ],
+    }
     got = extract(CHAT, payload)
     assert (got.prompt_token_ids, got.output_token_ids) == ([1, 2], [7, 8])
     assert got.output_logprobs == [-0.5, -1.5] and got.finish_reason == "stop"
@@ -50,18 +60,50 @@ def test_extract_reads_tokens_of_a_chat_reply():
 
 def test_stream_assembly_joins_chunks_and_tool_call_deltas():
     asm = StreamAssembly(CHAT)
-    asm.add({"object": "chat.completion.chunk", "created": 1, "model": "m",
-             "prompt_token_ids": [1, 2],
-             "choices": [{"delta": {"role": "assistant", "content": ""}, "token_ids": []}]})
-    asm.add({"choices": [{"delta": {"content": "Hi", "tool_calls": [
-        {"index": 0, "id": "call_1", "function": {"name": "get", "arguments": "{\"a\""}}]},
-        "token_ids": [5], "logprobs": {"content": [{"logprob": -0.1}]}}]})
-    asm.add({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]},
-                          "token_ids": [6], "logprobs": {"content": [{"logprob": -0.2}]},
-                          "finish_reason": "tool_calls"}]})
+    asm.add(
+        {
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "prompt_token_ids": [1, 2],
+            "choices": [{"delta": {"role": "assistant", "content": ""}, "token_ids": []}],
+        }
+    )
+    asm.add(
+        {
+            "choices": [
+                {
+                    "delta": {
+                        "content": "Hi",
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_1",
+                                "function": {"name": "get", "arguments": '{"a"'},
+                            }
+                        ],
+                    },
+                    "token_ids": [5],
+                    "logprobs": {"content": [{"logprob": -0.1}]},
+                }
+            ]
+        }
+    )
+    asm.add(
+        {
+            "choices": [
+                {
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]},
+                    "token_ids": [6],
+                    "logprobs": {"content": [{"logprob": -0.2}]},
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        }
+    )
     assert asm.tokens.prompt_token_ids == [1, 2]
     assert asm.tokens.output_token_ids == [5, 6]
     assert asm.tokens.output_logprobs == [-0.1, -0.2]
     message = asm.response("chatcmpl-r")["choices"][0]["message"]
     assert message["content"] == "Hi"
-    assert message["tool_calls"][0]["function"] == {"name": "get", "arguments": "{\"a\":1}"}
+    assert message["tool_calls"][0]["function"] == {"name": "get", "arguments": '{"a":1}'}

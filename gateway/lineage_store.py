@@ -1,0 +1,70 @@
+"""Applies retry lineage inside the recording transaction, under the session's row lock."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from rlgw.db.models import AgentSession, Completion
+
+from .lineage import LineageRow, find_parent, resolve_orphans
+
+if TYPE_CHECKING:
+    from .recording import CompletionRecord
+
+
+async def link_into_session(db: AsyncSession, session_id: str, new: list[CompletionRecord]) -> None:
+    """Give each new record its parent and orphan flag; re-flag earlier completions that changed."""
+    status = (
+        await db.execute(
+            select(AgentSession.status).where(AgentSession.id == session_id).with_for_update()
+        )
+    ).scalar_one()
+    existing = (
+        await db.execute(
+            select(
+                Completion.id,
+                Completion.api,
+                Completion.created_at,
+                Completion.retry_group,
+                Completion.parent_id,
+                Completion.continuation_hash,
+                Completion.continuation_len,
+                Completion.is_orphan,
+                Completion.orphan_reason,
+            ).where(Completion.session_id == session_id)
+        )
+    ).all()
+    rows = [LineageRow(*r[:7]) for r in existing]
+    before = {r.id: r.orphan_reason for r in existing}
+    for rec in sorted(new, key=lambda r: (r.created_at, r.id)):
+        rec.parent_id = find_parent(rec.api, rec.sequence or [], rows)
+        rows.append(
+            LineageRow(
+                rec.id,
+                rec.api,
+                rec.created_at,
+                rec.retry_group,
+                rec.parent_id,
+                rec.continuation_hash,
+                rec.continuation_len,
+            )
+        )
+        if status != "open":
+            rec.late_reason = f"session was {status} before this completion was recorded"
+    reasons = resolve_orphans(rows)
+    for rec in new:
+        rec.orphan_reason = reasons[rec.id]
+        rec.is_orphan = rec.orphan_reason is not None
+    for completion_id, old_reason in before.items():
+        if reasons[completion_id] != old_reason:
+            await db.execute(
+                update(Completion)
+                .where(Completion.id == completion_id)
+                .values(
+                    is_orphan=reasons[completion_id] is not None,
+                    orphan_reason=reasons[completion_id],
+                )
+            )

@@ -1,0 +1,244 @@
+"""Session and reward operations. Every write that depends on a session's state locks its row."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
+from rlgw.settings import Settings
+from rlgw.trajectory import RewardOut
+
+from ..errors import APIError
+from .protocol import CompletionSummary, RewardCreate, SessionCreate, SessionDetail, SessionPublic
+
+
+def _not_found(session_id: str) -> APIError:
+    return APIError(404, f"no session {session_id}", code="session_not_found")
+
+
+def public(session: AgentSession, gateway_url: str) -> SessionPublic:
+    return SessionPublic(
+        id=session.id,
+        group_id=session.group_id,
+        task_id=session.task_id,
+        metadata=session.meta,
+        train=session.train,
+        status=session.status,
+        base_url=f"{gateway_url}/sessions/{session.id}/v1",
+        created_at=session.created_at,
+        closed_at=session.closed_at,
+    )
+
+
+async def _join_group(db: AsyncSession, body: SessionCreate, settings: Settings) -> None:
+    assert body.group_id is not None
+    now = datetime.now(timezone.utc)
+    await db.execute(
+        insert(SessionGroup)
+        .values(
+            id=body.group_id,
+            normalization=body.normalization or settings.reward_normalization,
+            expected_size=body.group_size,
+            deadline_at=now + timedelta(seconds=settings.group_deadline_s),
+        )
+        .on_conflict_do_nothing()
+    )
+    group = (
+        await db.execute(
+            select(SessionGroup).where(SessionGroup.id == body.group_id).with_for_update()
+        )
+    ).scalar_one()
+    if body.normalization and body.normalization != group.normalization:
+        raise APIError(
+            409,
+            f"group {group.id} normalizes with {group.normalization!r}",
+            code="group_conflict",
+            param="normalization",
+        )
+    if body.group_size is not None and group.expected_size not in (None, body.group_size):
+        raise APIError(
+            409,
+            f"group {group.id} expects {group.expected_size} sessions",
+            code="group_conflict",
+            param="group_size",
+        )
+    group.expected_size = body.group_size or group.expected_size
+
+
+async def create_session(db: AsyncSession, body: SessionCreate, settings: Settings) -> AgentSession:
+    session_id = body.id or f"sess-{uuid.uuid4().hex}"
+    async with db.begin():
+        if body.group_id is not None:
+            await _join_group(db, body, settings)
+        created = (
+            await db.execute(
+                insert(AgentSession)
+                .values(
+                    id=session_id,
+                    group_id=body.group_id,
+                    task_id=body.task_id,
+                    meta=body.metadata,
+                    train=body.train,
+                )
+                .on_conflict_do_nothing()
+                .returning(AgentSession.id)
+            )
+        ).scalar_one_or_none()
+        if created is None:
+            raise APIError(409, f"session {session_id} already exists", code="session_exists")
+    return await db.get(AgentSession, session_id)
+
+
+async def session_detail(db: AsyncSession, session_id: str, gateway_url: str) -> SessionDetail:
+    session = await db.get(AgentSession, session_id)
+    if session is None:
+        raise _not_found(session_id)
+    completions = (
+        await db.execute(
+            select(
+                Completion.id,
+                Completion.status,
+                Completion.finish_reason,
+                Completion.policy_version,
+                Completion.eligible,
+                Completion.eligibility_reason,
+                Completion.is_orphan,
+                Completion.orphan_reason,
+                Completion.retry_group,
+                Completion.parent_id,
+                Completion.created_at,
+            )
+            .where(Completion.session_id == session_id)
+            .order_by(Completion.created_at, Completion.id)
+        )
+    ).all()
+    orphans = {c.id for c in completions if c.is_orphan}
+    rewards = (
+        await db.scalars(select(Reward).where(Reward.session_id == session_id).order_by(Reward.id))
+    ).all()
+    return SessionDetail(
+        **public(session, gateway_url).model_dump(),
+        completions=[CompletionSummary(**c._asdict()) for c in completions],
+        rewards=[_reward_out(r, counts=r.completion_id not in orphans) for r in rewards],
+    )
+
+
+async def close_session(db: AsyncSession, session_id: str) -> AgentSession:
+    async with db.begin():
+        session = (
+            await db.execute(
+                select(AgentSession).where(AgentSession.id == session_id).with_for_update()
+            )
+        ).scalar_one_or_none()
+        if session is None:
+            raise _not_found(session_id)
+        if session.status == "open":  # closing twice is harmless
+            session.status = "closed"
+            session.closed_at = datetime.now(timezone.utc)
+    return session
+
+
+def _reward_out(reward: Reward, counts: bool) -> RewardOut:
+    return RewardOut(
+        id=reward.id,
+        value=reward.value,
+        scope=reward.scope,
+        completion_id=reward.completion_id,
+        idempotency_key=reward.idempotency_key,
+        counts=counts,
+        created_at=reward.created_at,
+    )
+
+
+def _digest(body: RewardCreate) -> str:
+    return hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+
+
+async def _target_completion(db: AsyncSession, session_id: str, completion_id: str | None) -> str:
+    if completion_id is None:  # the session's final kept completion
+        final = (
+            await db.execute(
+                select(Completion.id)
+                .where(Completion.session_id == session_id, Completion.is_orphan.is_(False))
+                .order_by(Completion.created_at.desc(), Completion.id.desc())
+                .limit(1)
+            )
+        ).scalar_one_or_none()
+        if final is None:
+            raise APIError(
+                409, f"session {session_id} has no completion to reward", code="nothing_to_reward"
+            )
+        return final
+    target = await db.get(Completion, completion_id)
+    if target is None or target.session_id != session_id:
+        raise APIError(
+            404,
+            f"no completion {completion_id} in session {session_id}",
+            code="completion_not_found",
+            param="completion_id",
+        )
+    if target.is_orphan:
+        raise APIError(
+            409,
+            f"completion {completion_id} is a retry orphan "
+            f"({target.orphan_reason}): it is never trained on, so a reward on it "
+            "would be lost. Reward the kept attempt instead.",
+            code="completion_is_orphan",
+            param="completion_id",
+        )
+    return completion_id
+
+
+async def add_reward(
+    db: AsyncSession, session_id: str, body: RewardCreate, idempotency_key: str | None
+) -> tuple[RewardOut, bool]:
+    """Store a reward once per idempotency key; returns it and whether it was new."""
+    async with db.begin():
+        session = (
+            await db.execute(
+                select(AgentSession).where(AgentSession.id == session_id).with_for_update()
+            )
+        ).scalar_one_or_none()
+        if session is None:
+            raise _not_found(session_id)
+        if idempotency_key is not None:
+            earlier = (
+                await db.execute(
+                    select(Reward).where(
+                        Reward.session_id == session_id, Reward.idempotency_key == idempotency_key
+                    )
+                )
+            ).scalar_one_or_none()
+            if earlier is not None:
+                if earlier.body_digest != _digest(body):
+                    raise APIError(
+                        409,
+                        "this Idempotency-Key was used with a different body",
+                        code="idempotency_key_reused",
+                    )
+                return _reward_out(earlier, counts=True), False
+        if session.status == "consumed":
+            raise APIError(
+                409,
+                f"session {session_id} was already consumed by training",
+                code="session_consumed",
+            )
+        completion_id = await _target_completion(db, session_id, body.completion_id)
+        reward = Reward(
+            session_id=session_id,
+            completion_id=completion_id,
+            value=body.value,
+            scope="completion" if body.completion_id else "session",
+            idempotency_key=idempotency_key,
+            body_digest=_digest(body),
+        )
+        db.add(reward)
+        await db.flush()
+        await db.refresh(reward)
+    return _reward_out(reward, counts=True), True

@@ -1,0 +1,186 @@
+"""The trajectory of a session: the wire schema of the export, and the one loader that builds it.
+
+Gateway (`GET /v1/sessions/{id}/trajectory`), CLI (`rlgw export`) and trainer all read sessions
+through `load_trajectory`, so the exported record is the one trained on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
+from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
+from rlgw.rewards import GroupVerdict, Member, judge_group
+
+
+class RewardOut(BaseModel):
+    id: int
+    value: float
+    scope: str = Field(description="session: posted without completion_id | completion")
+    completion_id: str | None
+    idempotency_key: str | None
+    counts: bool = Field(description="False when its completion has become a retry orphan")
+    created_at: datetime
+
+
+class Step(BaseModel):
+    """One kept completion, exactly as the agent received it."""
+
+    completion_id: str
+    parent_id: str | None
+    api: str
+    policy_version: int | None
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int | None] = Field(description="the policy version of each output token")
+    finish_reason: str | None
+    eligible: bool
+    eligibility_reason: str | None
+    rewards: list[RewardOut]
+    reward_raw: float | None = Field(description="sum of this completion's counting rewards")
+    response: dict[str, Any] | None
+    created_at: datetime
+
+
+class Excluded(BaseModel):
+    completion_id: str
+    reason: str
+
+
+class GroupOut(BaseModel):
+    id: str
+    normalization: str
+    status: str = Field(description="ready | pending | dropped")
+    reason: str | None
+    size: int
+
+
+class Trajectory(BaseModel):
+    session_id: str
+    group_id: str | None
+    task_id: str | None
+    status: str
+    train: bool
+    metadata: dict[str, Any]
+    group: GroupOut | None
+    return_raw: float | None = Field(description="sum of the session's counting rewards")
+    return_normalized: float | None = Field(
+        description="return after group normalization; equal to return_raw for a group of one; "
+        "null while the group is pending or when it was dropped"
+    )
+    steps: list[Step]
+    excluded: list[Excluded] = Field(description="retry orphans: not exported, not trained on")
+
+
+def _counting_rewards(db: Session, session_ids: list[str]) -> list[tuple[Reward, bool]]:
+    """Rewards of these sessions, each with whether it counts (not on an orphan)."""
+    rows = db.execute(
+        select(Reward, Completion.is_orphan)
+        .outerjoin(Completion, Completion.id == Reward.completion_id)
+        .where(Reward.session_id.in_(session_ids))
+        .order_by(Reward.id)
+    ).all()
+    return [(reward, not bool(is_orphan)) for reward, is_orphan in rows]
+
+
+def group_verdict(db: Session, group: SessionGroup, now: datetime) -> tuple[GroupVerdict, int]:
+    members = db.execute(
+        select(AgentSession.id, AgentSession.status).where(AgentSession.group_id == group.id)
+    ).all()
+    values: dict[str, list[float]] = {sid: [] for sid, _ in members}
+    for reward, counts in _counting_rewards(db, list(values)):
+        if counts:
+            values[reward.session_id].append(reward.value)
+    verdict = judge_group(
+        [Member(sid, status in ("closed", "consumed"), values[sid]) for sid, status in members],
+        group.normalization,
+        expected_size=group.expected_size,
+        deadline_at=group.deadline_at,
+        now=now,
+        dropped_reason=group.dropped_reason if group.status == "dropped" else None,
+    )
+    return verdict, max(group.expected_size or 0, len(members))
+
+
+def _step(c: Completion, rewards: list[RewardOut]) -> Step:
+    out_ids = unpack_ids(c.output_token_ids)
+    counting = [r.value for r in rewards if r.counts]
+    return Step(
+        completion_id=c.id,
+        parent_id=c.parent_id,
+        api=c.api,
+        policy_version=c.policy_version,
+        prompt_token_ids=unpack_ids(c.prompt_token_ids),
+        output_token_ids=out_ids,
+        output_logprobs=unpack_logprobs(c.output_logprobs),
+        output_versions=[c.policy_version] * len(out_ids),
+        finish_reason=c.finish_reason,
+        eligible=c.eligible,
+        eligibility_reason=c.eligibility_reason,
+        rewards=rewards,
+        reward_raw=sum(counting) if counting else None,
+        response=c.response,
+        created_at=c.created_at,
+    )
+
+
+def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory | None:
+    session = db.get(AgentSession, session_id)
+    if session is None:
+        return None
+    completions = db.scalars(
+        select(Completion)
+        .where(Completion.session_id == session_id)
+        .order_by(Completion.created_at, Completion.id)
+    ).all()
+    by_completion: dict[str | None, list[RewardOut]] = {}
+    for reward, counts in _counting_rewards(db, [session_id]):
+        by_completion.setdefault(reward.completion_id, []).append(
+            RewardOut(
+                id=reward.id,
+                value=reward.value,
+                scope=reward.scope,
+                completion_id=reward.completion_id,
+                idempotency_key=reward.idempotency_key,
+                counts=counts,
+                created_at=reward.created_at,
+            )
+        )
+    steps = [_step(c, by_completion.get(c.id, [])) for c in completions if not c.is_orphan]
+    counting = [r.value for rs in by_completion.values() for r in rs if r.counts]
+    return_raw = sum(counting) if counting else None
+    group_out, return_normalized = None, return_raw
+    if session.group_id is not None:
+        group = db.get(SessionGroup, session.group_id)
+        verdict, size = group_verdict(db, group, now)
+        group_out = GroupOut(
+            id=group.id,
+            normalization=group.normalization,
+            status=verdict.status,
+            reason=verdict.reason,
+            size=size,
+        )
+        return_normalized = verdict.normalized.get(session_id)
+    return Trajectory(
+        session_id=session.id,
+        group_id=session.group_id,
+        task_id=session.task_id,
+        status=session.status,
+        train=session.train,
+        metadata=session.meta,
+        group=group_out,
+        return_raw=return_raw,
+        return_normalized=return_normalized,
+        steps=steps,
+        excluded=[
+            Excluded(completion_id=c.id, reason=c.orphan_reason or "orphan")
+            for c in completions
+            if c.is_orphan
+        ],
+    )
