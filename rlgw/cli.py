@@ -75,6 +75,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from rlgw.database import resolve_database_url
+    from rlgw.export import export_command
+
+    return export_command(
+        resolve_database_url(Settings()),
+        session_id=args.session,
+        group_id=args.group,
+        since=args.since,
+        out_path=args.out,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlgw", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model name the server serves")
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8100")
     p.add_argument("--path", default=None, help="the model's base checkpoint directory")
+
+    p = add("export", cmd_export, "Write session trajectories as JSON Lines (one per session).")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--session", help="one session id")
+    which.add_argument("--group", help="every session of a group")
+    which.add_argument("--since", help="every session created since this ISO 8601 time")
+    p.add_argument("--out", default="-", help="output file (default: standard output)")
     return parser
 
 

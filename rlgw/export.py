@@ -1,0 +1,86 @@
+"""`rlgw export`: trajectories as JSON Lines for offline use, one session per line."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import TextIO
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from rlgw.db.models import AgentSession
+from rlgw.trajectory import Trajectory, load_trajectory
+
+
+def select_session_ids(
+    db: Session,
+    *,
+    session_id: str | None = None,
+    group_id: str | None = None,
+    since: datetime | None = None,
+) -> list[str]:
+    """Exactly one selector: a session, a group, or everything created since a time."""
+    if sum(x is not None for x in (session_id, group_id, since)) != 1:
+        raise ValueError("give exactly one of --session, --group, --since")
+    if session_id is not None:
+        return [session_id]
+    query = select(AgentSession.id).order_by(AgentSession.created_at, AgentSession.id)
+    if group_id is not None:
+        query = query.where(AgentSession.group_id == group_id)
+    else:
+        query = query.where(AgentSession.created_at >= since)
+    return list(db.scalars(query))
+
+
+def iter_trajectories(db: Session, session_ids: list[str]) -> Iterator[Trajectory]:
+    now = datetime.now(timezone.utc)
+    for sid in session_ids:
+        trajectory = load_trajectory(db, sid, now)
+        if trajectory is not None:
+            yield trajectory
+
+
+def write_jsonl(db: Session, session_ids: list[str], out: TextIO) -> int:
+    count = 0
+    for trajectory in iter_trajectories(db, session_ids):
+        out.write(trajectory.model_dump_json() + "\n")
+        count += 1
+    return count
+
+
+def parse_since(value: str) -> datetime:
+    """An ISO 8601 time; without a zone it is taken as UTC."""
+    moment = datetime.fromisoformat(value)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def export_command(
+    url: str,
+    *,
+    session_id: str | None,
+    group_id: str | None,
+    since: str | None,
+    out_path: str | None,
+) -> int:
+    from rlgw.db.engine import make_sync_engine, sync_session_factory
+
+    engine = make_sync_engine(url)
+    try:
+        with sync_session_factory(engine)() as db:
+            ids = select_session_ids(
+                db,
+                session_id=session_id,
+                group_id=group_id,
+                since=parse_since(since) if since else None,
+            )
+            if out_path in (None, "-"):
+                count = write_jsonl(db, ids, sys.stdout)
+            else:
+                with open(out_path, "w", encoding="utf-8") as out:
+                    count = write_jsonl(db, ids, out)
+    finally:
+        engine.dispose()
+    print(f"[rlgw] exported {count} session(s)", file=sys.stderr)
+    return 0

@@ -1,0 +1,66 @@
+"""`rlgw export` writes the same trajectories the API serves, one JSON line per session."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import openai
+import pytest
+
+from conftest import MODEL_NAME
+from rlgw.export import export_command
+
+
+@pytest.fixture(scope="module")
+def two_sessions(gateway_url: str) -> tuple[str, list[str]]:
+    group_id = f"export-{datetime.now().timestamp()}"
+    ids = []
+    with httpx.Client(base_url=gateway_url, timeout=60) as http:
+        for value in (1.0, 0.0):
+            session = http.post("/v1/sessions", json={"group_id": group_id}).json()
+            openai.OpenAI(base_url=session["base_url"], api_key="unused").chat.completions.create(
+                model=MODEL_NAME, max_tokens=3, messages=[{"role": "user", "content": "x"}]
+            )
+            http.post(f"/v1/sessions/{session['id']}/rewards", json={"value": value})
+            http.post(f"/v1/sessions/{session['id']}/close")
+            ids.append(session["id"])
+    return group_id, ids
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_export_of_a_group_equals_the_api_trajectories(
+    two_sessions, database_url, gateway_url, tmp_path
+):
+    group_id, ids = two_sessions
+    out = tmp_path / "group.jsonl"
+    export_command(database_url, session_id=None, group_id=group_id, since=None, out_path=str(out))
+    lines = read_jsonl(out)
+    with httpx.Client(base_url=gateway_url) as http:
+        api = [http.get(f"/v1/sessions/{sid}/trajectory").json() for sid in ids]
+    assert [line["session_id"] for line in lines] == ids
+    assert lines == api
+
+
+def test_export_of_one_session(two_sessions, database_url, tmp_path):
+    out = tmp_path / "one.jsonl"
+    export_command(
+        database_url, session_id=two_sessions[1][0], group_id=None, since=None, out_path=str(out)
+    )
+    (line,) = read_jsonl(out)
+    assert line["session_id"] == two_sessions[1][0]
+    assert line["steps"] and line["steps"][0]["output_token_ids"]
+
+
+def test_export_since_a_time_includes_recent_sessions_only(two_sessions, database_url, tmp_path):
+    out = tmp_path / "since.jsonl"
+    future = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    export_command(database_url, session_id=None, group_id=None, since=future, out_path=str(out))
+    assert read_jsonl(out) == []
+    past = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
+    export_command(database_url, session_id=None, group_id=None, since=past, out_path=str(out))
+    assert set(two_sessions[1]) <= {line["session_id"] for line in read_jsonl(out)}
