@@ -18,7 +18,7 @@ import string
 import sys
 import tempfile
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -53,7 +53,7 @@ def fake_record(rng: random.Random, vocab: int, n_tokens: int, session_id: str) 
     prompt_text = "".join(rng.choices(string.ascii_letters + " ", k=PROMPT_TOKENS * 4))
     output_text = "".join(rng.choices(string.ascii_letters + " ", k=n_tokens * 4))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rec = CompletionRecord(
         id=rid,
         session_id=session_id,
@@ -168,7 +168,7 @@ def main() -> None:
     out.write_text(
         json.dumps(
             {
-                "date": datetime.now(timezone.utc).isoformat(),
+                "date": datetime.now(UTC).isoformat(),
                 "machine": f"{platform.machine()} {platform.node()}",
                 "results": results,
             },

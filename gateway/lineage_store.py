@@ -53,7 +53,7 @@ async def link_into_session(db: AsyncSession, session_id: str, new: list[Complet
             )
         )
         if status != "open":
-            rec.late_reason = f"session was {status} before this completion was recorded"
+            rec.exclusion_reason = f"session was {status} before this completion was recorded"
     reasons = resolve_orphans(rows)
     for rec in new:
         rec.orphan_reason = reasons[rec.id]

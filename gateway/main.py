@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -13,7 +12,9 @@ from fastapi import FastAPI
 from rlgw.db.engine import async_session_factory, make_async_engine
 from rlgw.settings import Settings, get_settings
 
+from .admin.backends import router as admin_backends_router
 from .admin.router import router as admin_router
+from .backend_events import follow_registry
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
 from .errors import install_error_handlers
@@ -23,17 +24,6 @@ from .openai.service import ProxyService
 from .recording import Recorder
 from .routing import BackendPool
 from .sessions.router import router as sessions_router
-
-log = logging.getLogger("rlgw.gateway")
-
-
-async def _refresh_forever(pool: BackendPool, every_s: float) -> None:
-    while True:
-        await asyncio.sleep(every_s)
-        try:
-            await pool.refresh()
-        except Exception as exc:  # keep the last known view; the next round retries
-            log.warning("backend registry refresh failed: %s", exc)
 
 
 def create_app(
@@ -72,7 +62,13 @@ def create_app(
                 recorder=recorder,
                 proxy=ProxyService(pool, recorder, http, sessions),
             )
-            refresher = asyncio.create_task(_refresh_forever(pool, settings.backend_refresh_s))
+            listening = asyncio.Event()
+            refresher = asyncio.create_task(
+                follow_registry(
+                    pool, settings.database_url, poll_s=settings.backend_refresh_s, ready=listening
+                )
+            )
+            await asyncio.wait_for(listening.wait(), timeout=30)
             try:
                 yield
             finally:
@@ -86,5 +82,6 @@ def create_app(
     app.include_router(openai_router)
     app.include_router(sessions_router)
     app.include_router(admin_router)
+    app.include_router(admin_backends_router)
     app.include_router(health_router)
     return app

@@ -57,7 +57,9 @@ class CompletionRecord:
     parent_id: str | None = None
     is_orphan: bool = False
     orphan_reason: str | None = None
-    late_reason: str | None = None  # set when the session stopped accepting work meanwhile
+    # Why training must not use it although its evidence is complete (session closed meanwhile,
+    # or the request crossed a weight swap).
+    exclusion_reason: str | None = None
 
     def row(self) -> dict[str, Any]:
         problem = (
@@ -69,7 +71,7 @@ class CompletionRecord:
                 output_token_ids=self.output_token_ids,
                 output_logprobs=self.output_logprobs,
             )
-            or self.late_reason
+            or self.exclusion_reason
         )
         return {
             "id": self.id,

@@ -29,6 +29,7 @@ class BackendView:
     url: str
     state: str
     served_version: int | None
+    swap_epoch: int
     in_flight: int = 0
 
     @property
@@ -43,6 +44,7 @@ class Lease:
     backend_id: int
     url: str
     served_version: int
+    swap_epoch: int
 
 
 @dataclass
@@ -69,11 +71,17 @@ class BackendPool:
             view = self._by_id.get(backend.id)
             if view is None:
                 self._by_id[backend.id] = BackendView(
-                    backend.id, model_name, backend.url, backend.state, backend.served_version
+                    backend.id,
+                    model_name,
+                    backend.url,
+                    backend.state,
+                    backend.served_version,
+                    backend.swap_epoch,
                 )
             else:  # keep the in-flight count: it is this process's own
                 view.model, view.url = model_name, backend.url
                 view.state, view.served_version = backend.state, backend.served_version
+                view.swap_epoch = backend.swap_epoch
         for gone in set(self._by_id) - seen:
             del self._by_id[gone]
         async with self._changed:
@@ -107,7 +115,7 @@ class BackendPool:
         view.in_flight += 1
         try:
             assert view.served_version is not None
-            yield Lease(view.id, view.url, view.served_version)
+            yield Lease(view.id, view.url, view.served_version, view.swap_epoch)
         finally:
             view.in_flight -= 1
 
@@ -120,7 +128,7 @@ class BackendPool:
 
         try:
             return await asyncio.wait_for(_ready(), self.hold_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise APIError(
                 503,
                 f"no backend of `{model}` is in service (weight swap or outage); retry later",
@@ -128,6 +136,7 @@ class BackendPool:
                 headers={"Retry-After": "5"},
             ) from None
 
-    def in_flight(self, backend_id: int) -> int:
-        view = self._by_id.get(backend_id)
-        return view.in_flight if view else 0
+    def crossed_swap(self, lease: Lease) -> bool:
+        """True when the leased backend entered a swap (was paused) since the lease began."""
+        view = self._by_id.get(lease.backend_id)
+        return view is None or view.swap_epoch != lease.swap_epoch

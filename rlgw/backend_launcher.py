@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -42,16 +41,6 @@ def detect_platform() -> str:
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
-def available_worker_extension() -> str | None:
-    """WORKER_EXTENSION when its module can be imported here, else None."""
-    module = WORKER_EXTENSION.rpartition(".")[0]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ImportError:
-        found = False
-    return WORKER_EXTENSION if found else None
-
-
 def _check_platform(platform: str) -> str:
     if platform not in PLATFORMS:
         raise ValueError(f"platform must be one of {PLATFORMS}, not {platform!r}")
@@ -70,7 +59,7 @@ def backend_command(
     served_model_name: str | None = None,
     platform: str | None = None,
     extra_args: Sequence[str] = (),
-    worker_extension: str | None = None,
+    worker_extension: str | None = WORKER_EXTENSION,
     dtype: str | None = None,
     max_model_len: int | None = None,
     log_level: str = DEFAULT_LOG_LEVEL,
@@ -131,6 +120,8 @@ def backend_env(platform: str, log_level: str = DEFAULT_LOG_LEVEL) -> dict[str, 
         "TRANSFORMERS_OFFLINE": "1",
     }
     if platform == "cpu":
+        # Our vLLM plugin keeps linear weights after CPU repacking, so they can be updated in place.
+        env["RLGW_VLLM_KEEP_WEIGHTS"] = "1"
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return env

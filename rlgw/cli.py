@@ -88,6 +88,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_push(args: argparse.Namespace) -> int:
+    from rlgw.database import resolve_database_url
+    from trainer.push import push
+
+    settings = Settings()
+    reports = push(
+        settings,
+        resolve_database_url(settings),
+        args.model,
+        delta=Path(args.delta) if args.delta else None,
+        full_dir=Path(args.full) if args.full else None,
+    )
+    return 0 if reports and all(r.outcome == "swapped" for r in reports) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlgw", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--group", help="every session of a group")
     which.add_argument("--since", help="every session created since this ISO 8601 time")
     p.add_argument("--out", default="-", help="output file (default: standard output)")
+
+    p = add("push", cmd_push, "Install new weights on every backend of a model, verified.")
+    p.add_argument("--model", required=True, help="registered model name")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--delta", help="safetensors file of theta_new - theta_served (HF names)")
+    what.add_argument("--full", help="checkpoint directory with the new weights")
     return parser
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 from sqlalchemy import select
@@ -35,7 +35,7 @@ def select_session_ids(
 
 
 def iter_trajectories(db: Session, session_ids: list[str]) -> Iterator[Trajectory]:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for sid in session_ids:
         trajectory = load_trajectory(db, sid, now)
         if trajectory is not None:
@@ -53,7 +53,7 @@ def write_jsonl(db: Session, session_ids: list[str], out: TextIO) -> int:
 def parse_since(value: str) -> datetime:
     """An ISO 8601 time; without a zone it is taken as UTC."""
     moment = datetime.fromisoformat(value)
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def export_command(

@@ -72,6 +72,18 @@ class Settings(BaseSettings):
         description="Seconds after a group's creation by which every member must be rewarded; "
         "a group still missing a reward then is dropped, with the reason recorded.",
     )
+    drain_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a swap waits for a backend's in-flight requests before aborting "
+        "them (aborted requests are recorded incomplete, never trained on).",
+    )
+    parity_tolerance: float = Field(
+        default=1e-4,
+        gt=0,
+        description="Largest |served - reference| probe log-prob accepted after a swap "
+        "(1e-4 suits fp32 serving; bf16 needs a looser bound).",
+    )
     backend_refresh_s: float = Field(
         default=5.0, gt=0, description="How often each gateway re-reads the backend registry."
     )

@@ -96,26 +96,46 @@ def tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+def start_vllm_servers(model_dir: Path, log_dir: Path, count: int = 1) -> list[tuple[object, str]]:
+    """Start `count` vLLM CPU servers of the model at once; wait until all are healthy and warm."""
+    from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
+
+    started = []
+    try:
+        for _ in range(count):
+            port = free_port()
+            proc = start_backend(
+                model_dir, port, served_model_name=MODEL_NAME, log_path=log_dir / f"vllm-{port}.log"
+            )
+            started.append((proc, f"http://127.0.0.1:{port}"))
+        for proc, url in started:
+            wait_healthy(url, timeout_s=420, proc=proc)
+            # The first request warms the engine up; keep that out of the tests.
+            httpx.post(
+                f"{url}/v1/completions",
+                timeout=300,
+                json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 4},
+            )
+    except BaseException:
+        for proc, _ in started:
+            stop_backend(proc)
+        raise
+    return started
+
+
+def stop_vllm_servers(servers: list[tuple[object, str]]) -> None:
+    from rlgw.backend_launcher import stop_backend
+
+    for proc, _ in servers:
+        stop_backend(proc)
+
+
 @pytest.fixture(scope="session")
 def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real vLLM CPU server with the tiny model, shared by the whole session."""
-    from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
-
-    port = free_port()
-    log = tmp_path_factory.mktemp("logs") / "vllm.log"
-    proc = start_backend(tiny_model_dir, port, served_model_name=MODEL_NAME, log_path=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, timeout_s=420, proc=proc)
-        # The first request warms the engine up (~20 s on 2 cores); keep that out of the tests.
-        httpx.post(
-            f"{url}/v1/completions",
-            timeout=300,
-            json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 4},
-        )
-        yield url
-    finally:
-        stop_backend(proc)
+    servers = start_vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("logs"))
+    yield servers[0][1]
+    stop_vllm_servers(servers)
 
 
 # ----------------------------------------------------------------------------- gateway

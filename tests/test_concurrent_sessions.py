@@ -1,4 +1,4 @@
-"""50 agents at once, each with several turns and a retry: every export equals its own transcript."""
+"""50 agents at once, each with several turns and a retry: each export equals its transcript."""
 
 from __future__ import annotations
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import openai
 import pytest
 
-from conftest import MODEL_NAME
 from rlgw.export import export_command
+
+from conftest import MODEL_NAME
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +59,9 @@ def test_export_of_one_session(two_sessions, database_url, tmp_path):
 
 def test_export_since_a_time_includes_recent_sessions_only(two_sessions, database_url, tmp_path):
     out = tmp_path / "since.jsonl"
-    future = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     export_command(database_url, session_id=None, group_id=None, since=future, out_path=str(out))
     assert read_jsonl(out) == []
-    past = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
+    past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     export_command(database_url, session_id=None, group_id=None, since=past, out_path=str(out))
     assert set(two_sessions[1]) <= {line["session_id"] for line in read_jsonl(out)}

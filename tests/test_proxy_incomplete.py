@@ -6,6 +6,7 @@ import json
 import time
 
 import httpx
+
 from conftest import MODEL_NAME, fetch_record
 
 

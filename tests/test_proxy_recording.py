@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import openai
 import pytest
+
 from conftest import MODEL_NAME, fetch_record
 
 MESSAGES = [{"role": "user", "content": "Say something about gateways."}]

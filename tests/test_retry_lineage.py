@@ -8,6 +8,7 @@ import time
 import httpx
 import openai
 import pytest
+
 from conftest import MODEL_NAME
 
 QUESTION = [{"role": "user", "content": "Name a colour."}]
@@ -85,10 +86,10 @@ def test_timed_out_attempt_is_orphaned_when_the_retry_is_continued(http, gateway
     session = new_session(http)
     base = session["base_url"]
     long_question = [{"role": "user", "content": "Tell me everything."}]
-    long_answer = {"max_tokens": 1500, "extra_body": {"ignore_eos": True}}  # well over 0.3 s
+    long_answer = {"max_tokens": 800, "extra_body": {"ignore_eos": True}}  # well over 0.2 s
     # Attempt 1: the agent gives up waiting (a client-side timeout), then sends the same again.
     with pytest.raises(openai.APITimeoutError):
-        ask(base, long_question, timeout=0.3, **long_answer)
+        ask(base, long_question, timeout=0.2, **long_answer)
     second = ask(base, long_question, **long_answer)
     third = ask(base, [*long_question, as_message(second), {"role": "user", "content": "More."}])
 

@@ -6,6 +6,7 @@ import uuid
 
 import httpx
 import openai
+
 from conftest import MODEL_NAME, fetch_record
 
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -7,8 +7,9 @@ import uuid
 import httpx
 import openai
 import pytest
-from conftest import MODEL_NAME
 from sqlalchemy import create_engine, text
+
+from conftest import MODEL_NAME
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 import httpx
 import openai
 import pytest
-from conftest import ADMIN_KEY, LiveServer, fetch_record, free_port, gateway_settings
 from sqlalchemy import create_engine, text
 
 from gateway.main import create_app
 from rlgw.db.migrate import upgrade
+
+from conftest import ADMIN_KEY, LiveServer, fetch_record, free_port, gateway_settings
 
 FAKE_BACKEND = "http://fake-backend.invalid"
 

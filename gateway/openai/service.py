@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -38,7 +38,7 @@ _ID_PREFIX = {CHAT: "chatcmpl-", "completions": "cmpl-"}
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _ms_since(t0: float) -> float:
@@ -54,10 +54,14 @@ class _Call:
     asks: ClientAsks
     record: CompletionRecord
     t0: float
+    crossed_swap: Any = None  # () -> bool, set once a backend is leased
 
     def finish(self, status: str, reason: str | None = None) -> CompletionRecord:
         rec = self.record
         rec.status, rec.status_reason = status, reason
+        if self.crossed_swap is not None and self.crossed_swap():
+            # Its tokens may come from two weight versions: never train on a guessed label.
+            rec.exclusion_reason = "the request crossed a weight swap of its backend"
         rec.latency_ms = _ms_since(self.t0)
         rec.finished_at = _now()
         if rec.response is not None:
@@ -212,11 +216,12 @@ class ProxyService:
         rec.output_token_ids, rec.output_logprobs = tokens.output_token_ids, tokens.output_logprobs
         rec.response = assembly.response(rec.id)
 
-    @staticmethod
-    def _stamp(call: _Call, lease: Lease) -> None:
-        # The version resident on the backend for the whole lease: swaps drain a backend first.
+    def _stamp(self, call: _Call, lease: Lease) -> None:
+        # The version resident on the backend for the whole lease: a swap drains the backend
+        # first, and a request still running when the swap pauses it is caught by its epoch.
         call.record.backend_id = lease.backend_id
         call.record.policy_version = lease.served_version
+        call.crossed_swap = lambda: self._pool.crossed_swap(lease)
 
     async def _record_failure(self, call: _Call, reason: str) -> None:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
@@ -77,7 +77,7 @@ async def post_reward(
 
 @router.get("/{session_id}/trajectory", response_model=Trajectory)
 async def read_trajectory(session_id: SessionId, db: DbDep) -> Trajectory:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     trajectory = await db.run_sync(lambda s: load_trajectory(s, session_id, now))
     if trajectory is None:
         raise APIError(404, f"no session {session_id}", code="session_not_found")

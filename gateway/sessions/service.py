@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -38,7 +38,7 @@ def public(session: AgentSession, gateway_url: str) -> SessionPublic:
 
 async def _join_group(db: AsyncSession, body: SessionCreate, settings: Settings) -> None:
     assert body.group_id is not None
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     await db.execute(
         insert(SessionGroup)
         .values(
@@ -140,7 +140,7 @@ async def close_session(db: AsyncSession, session_id: str) -> AgentSession:
             raise _not_found(session_id)
         if session.status == "open":  # closing twice is harmless
             session.status = "closed"
-            session.closed_at = datetime.now(timezone.utc)
+            session.closed_at = datetime.now(UTC)
     return session
 
 

@@ -71,6 +71,13 @@ class Backend(Base):
     served_version: Mapped[int | None] = mapped_column(
         Integer, comment="policy version resident on the backend, verified by the last swap"
     )
+    swap_epoch: Mapped[int] = mapped_column(
+        Integer,
+        default=0,
+        server_default="0",
+        comment="incremented when a swap pauses the backend: a request leased in an older "
+        "epoch and finished in a newer one crossed a swap",
+    )
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )

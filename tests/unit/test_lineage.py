@@ -1,6 +1,6 @@
 """Parent finding and orphan resolution on hand-built sessions."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from gateway.lineage import (
     LineageRow,
@@ -13,7 +13,7 @@ from gateway.lineage import (
     sequence_hash,
 )
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def row(i: int, group: str | None, parent: str | None = None) -> LineageRow:

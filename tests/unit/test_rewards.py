@@ -1,12 +1,12 @@
 """Group normalization and group readiness."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from rlgw.rewards import Member, judge_group, normalize_returns
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("how", ["none", "mean", "mean_std"])

@@ -1,0 +1,367 @@
+"""Verified weight swaps into two live vLLM CPU backends behind one gateway (and a replica)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.orm import Session
+
+from gateway.main import create_app
+from rlgw.db.engine import make_sync_engine, sync_session_factory
+from rlgw.db.migrate import upgrade
+from rlgw.db.models import Completion, RegisteredModel
+from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
+from rlgw.registry import register_backend
+from trainer.parity import reference_scores, served_scores
+from trainer.push import PushError, push
+from trainer.swap.coordinator import SwapCoordinator, SwapPlan
+from trainer.weights import write_update
+
+from conftest import (
+    ADMIN_KEY,
+    MODEL_NAME,
+    LiveServer,
+    free_port,
+    gateway_settings,
+    start_vllm_servers,
+    stop_vllm_servers,
+)
+from swap_helpers import output_logprobs, random_delta, reference_with, write_delta
+
+TOL = 1e-4
+
+
+class Stack:
+    """Two backends, one database, a gateway and a second gateway replica."""
+
+    def __init__(
+        self,
+        db_url: str,
+        backends: list[str],
+        gateway: str,
+        replica: str,
+        home: Path,
+        model_dir: Path,
+    ) -> None:
+        self.db_url, self.backends, self.gateway, self.replica = db_url, backends, gateway, replica
+        self.home, self.model_dir = home, model_dir
+        self.settings = gateway_settings(db_url).model_copy(update={"home": home})
+        self.http = httpx.Client(timeout=120)
+        self.applied: list[dict[str, torch.Tensor]] = []  # deltas served, in order
+
+    def admin(self, base: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=base or self.gateway, timeout=60, headers={"X-Admin-Key": ADMIN_KEY}
+        )
+
+    def push_delta(self, seed: int, tmp: Path) -> list:
+        delta = random_delta(self.model_dir, seed)
+        reports = push(
+            self.settings,
+            self.db_url,
+            MODEL_NAME,
+            delta=write_delta(delta, tmp / f"delta-{seed}.safetensors"),
+        )
+        if all(r.outcome == "swapped" for r in reports):
+            self.applied.append(delta)
+        return reports
+
+    def reference(self, upto: int | None = None) -> torch.nn.Module:
+        return reference_with(self.model_dir, *self.applied[:upto])
+
+    def version(self) -> int:
+        return len(self.applied)
+
+
+@pytest.fixture(scope="module")
+def stack(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Stack]:
+    db_url = make_database()
+    upgrade(db_url)
+    servers = start_vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("swap-logs"), count=2)
+    engine = make_sync_engine(db_url)
+    for _, url in servers:
+        register_backend(
+            sync_session_factory(engine), MODEL_NAME, url, model_path=str(tiny_model_dir)
+        )
+    engine.dispose()
+    settings = gateway_settings(db_url).model_copy(update={"backend_refresh_s": 60.0})
+    with (
+        LiveServer(create_app(settings), free_port()) as gw,
+        LiveServer(create_app(settings), free_port()) as replica,
+    ):
+        yield Stack(
+            db_url,
+            [url for _, url in servers],
+            gw.url,
+            replica.url,
+            tmp_path_factory.mktemp("home"),
+            tiny_model_dir,
+        )
+    stop_vllm_servers(servers)
+
+
+def chat(base: str, **kwargs):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    return client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Hello there"}],
+        **{"max_tokens": 8, **kwargs},
+    )
+
+
+def records(db_url: str) -> list[Completion]:
+    engine = create_engine(db_url)
+    with Session(engine) as db:
+        rows = list(db.scalars(select(Completion).order_by(Completion.created_at)))
+    engine.dispose()
+    return rows
+
+
+def test_pushed_delta_is_served_exactly_and_new_completions_carry_it(stack, tmp_path):
+    reports = stack.push_delta(seed=1, tmp=tmp_path)
+    assert [r.outcome for r in reports] == ["swapped", "swapped"], [r.reason for r in reports]
+    assert all(r.parity_diff <= TOL for r in reports)
+    reference = reference_scores(stack.reference())
+    for url in stack.backends:
+        served = served_scores(stack.http, url, MODEL_NAME)
+        assert served.next_token == reference.next_token  # the greedy token
+        assert abs(served.next_logprob - reference.next_logprob) <= TOL
+        assert served.max_abs_diff(reference) <= TOL
+    reply = chat(stack.gateway)
+    with stack.admin() as admin:
+        assert admin.get(f"/admin/completions/{reply.id}").json()["policy_version"] == 1
+        backends = admin.get("/admin/backends").json()
+        assert {b["served_version"] for b in backends} == {1}
+        assert {b["state"] for b in backends} == {"active"}
+        versions = admin.get("/admin/versions").json()
+        assert [(v["version"], v["kind"]) for v in versions] == [(0, "base"), (1, "delta")]
+
+
+@pytest.mark.parametrize("corruption", ["wrong-shape", "unknown-name", "nan"])
+def test_corrupt_delta_is_refused_and_nothing_is_half_applied(stack, tmp_path, corruption):
+    version = stack.version()
+    good = random_delta(stack.model_dir, seed=99)
+    bad = dict(good)
+    if corruption == "wrong-shape":
+        bad["model.layers.1.mlp.down_proj.weight"] = torch.zeros(3, 3)
+    elif corruption == "unknown-name":
+        bad["model.layers.7.self_attn.q_proj.weight"] = torch.zeros(64, 64)
+    else:
+        bad["model.layers.1.mlp.down_proj.weight"] = torch.full_like(
+            good["model.layers.1.mlp.down_proj.weight"], float("nan")
+        )
+    path = tmp_path / "bad.safetensors"
+    write_update(bad, path)
+    with pytest.raises(PushError):  # the CLI path refuses it before recording a version
+        push(stack.settings, stack.db_url, MODEL_NAME, delta=path)
+
+    engine = create_engine(stack.db_url)
+    with Session(engine) as db:
+        model_id = db.scalar(select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME))
+    expected = reference_scores(stack.reference())
+    plan = SwapPlan(
+        model_name=MODEL_NAME,
+        model_id=model_id,
+        parent_version=version,
+        new_version=version + 1,
+        kind="delta",
+        update_path=str(path),
+        reference_new=expected,
+        reference_old=expected,
+    )
+    reports = SwapCoordinator(engine, drain_timeout_s=5, parity_tolerance=TOL).push(plan)
+    engine.dispose()
+    assert [r.outcome for r in reports] == ["refused", "refused"]  # the backends refused it
+    for url in stack.backends:
+        assert served_scores(stack.http, url, MODEL_NAME).max_abs_diff(expected) <= TOL
+        assert stack.http.get(f"{url}/weight_info").json()["weight_version"] == str(version)
+    with stack.admin() as admin:
+        assert {(b["state"], b["served_version"]) for b in admin.get("/admin/backends").json()} == {
+            ("active", version)
+        }
+
+
+def test_failed_parity_rolls_back_and_says_why(stack, tmp_path):
+    version = stack.version()
+    old = reference_scores(stack.reference())
+    wrong = reference_scores(reference_with(stack.model_dir, random_delta(stack.model_dir, 7)))
+    path = write_delta(random_delta(stack.model_dir, seed=8), tmp_path / "d.safetensors")
+    engine = create_engine(stack.db_url)
+    with Session(engine) as db:
+        model_id = db.scalar(select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME))
+    plan = SwapPlan(
+        model_name=MODEL_NAME,
+        model_id=model_id,
+        parent_version=version,
+        new_version=version + 1,
+        kind="delta",
+        update_path=str(path),
+        reference_new=wrong,
+        reference_old=old,
+    )  # parity cannot pass
+    coordinator = SwapCoordinator(engine, drain_timeout_s=5, parity_tolerance=TOL)
+    backend = coordinator.backends(model_id)[0]
+    report = coordinator.swap_backend(backend, plan)
+    engine.dispose()
+    assert report.outcome == "rolled_back" and "parity failed" in report.reason
+    assert served_scores(stack.http, backend.url, MODEL_NAME).max_abs_diff(old) <= TOL
+    with stack.admin() as admin:
+        listed = {b["id"]: b for b in admin.get("/admin/backends").json()}[backend.id]
+    assert listed["state"] == "active" and listed["served_version"] == version
+    assert "parity failed" in listed["state_reason"]
+    assert f"kept version {version} (verified)" in listed["state_reason"]
+
+
+def _traffic(base: str, stop: threading.Event, outcomes: list, **kwargs) -> None:
+    while not stop.is_set():
+        try:
+            outcomes.append(("ok", chat(base, **kwargs).id, time.monotonic()))
+        except Exception as exc:  # recorded and asserted on by the test
+            outcomes.append(("error", repr(exc), time.monotonic()))
+
+
+def test_swap_under_load_stamps_every_token_with_the_version_that_made_it(stack, tmp_path):
+    before = {r.id for r in records(stack.db_url)}
+    stop, outcomes, stream_ids = threading.Event(), [], []
+
+    def long_stream() -> None:
+        client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused")
+        for chunk in client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "Go on."}],
+            max_tokens=1200,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ):
+            stream_ids.append(chunk.id)
+
+    threads = [threading.Thread(target=long_stream)] + [
+        threading.Thread(target=_traffic, args=(stack.gateway, stop, outcomes)) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    reports = stack.push_delta(seed=2, tmp=tmp_path)
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    assert [r.outcome for r in reports] == ["swapped", "swapped"]
+    assert all(kind == "ok" for kind, *_ in outcomes), outcomes
+
+    new = [r for r in records(stack.db_url) if r.id not in before]
+    versions = {r.policy_version for r in new}
+    assert versions == {stack.version() - 1, stack.version()}, versions
+    references = {v: stack.reference(upto=v) for v in versions}
+    checked = 0
+    for rec in new:
+        if not rec.eligible:
+            assert rec.eligibility_reason  # excluded, with a reason (e.g. crossed the swap)
+            continue
+        prompt, output = unpack_ids(rec.prompt_token_ids), unpack_ids(rec.output_token_ids)
+        recorded = np.asarray(unpack_logprobs(rec.output_logprobs))
+        stamped = np.asarray(output_logprobs(references[rec.policy_version], prompt, output))
+        other_version = (versions - {rec.policy_version}).pop()
+        other = np.asarray(output_logprobs(references[other_version], prompt, output))
+        assert np.abs(recorded - stamped).max() <= TOL, rec.id
+        assert np.abs(recorded - other).max() > 1e-3, rec.id
+        checked += 1
+    assert checked >= 4
+
+
+def test_traffic_continues_through_the_other_backend_during_a_swap(stack, tmp_path):
+    stop, outcomes = threading.Event(), []
+    worker = threading.Thread(target=_traffic, args=(stack.gateway, stop, outcomes))
+    worker.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    reports = stack.push_delta(seed=3, tmp=tmp_path)
+    t1 = time.monotonic()
+    stop.set()
+    worker.join(timeout=60)
+    assert [r.outcome for r in reports] == ["swapped", "swapped"]
+    during = [o for o in outcomes if t0 <= o[2] <= t1]
+    assert during and all(kind == "ok" for kind, *_ in during), outcomes
+    with stack.admin() as admin:
+        backends_used = {
+            admin.get(f"/admin/completions/{cid}").json()["backend"] for _, cid, _ in during
+        }
+    assert len(backends_used) == 2  # each backend served while the other was being swapped
+
+
+def test_a_backend_reporting_another_version_stays_out_of_routing(stack):
+    with stack.admin() as admin:
+        backend = admin.get("/admin/backends").json()[0]
+        assert admin.post(f"/admin/backends/{backend['id']}/drain").json()["state"] == "draining"
+        stack.http.post(f"{backend['url']}/update_weight_version", json={"new_version": "bogus"})
+        reply = admin.post(f"/admin/backends/{backend['id']}/resume")
+        assert reply.status_code == 409 and reply.json()["error"]["code"] == "version_mismatch"
+        listed = {b["id"]: b for b in admin.get("/admin/backends").json()}[backend["id"]]
+        assert listed["state"] == "draining"
+        stack.http.post(
+            f"{backend['url']}/update_weight_version",
+            json={"new_version": str(backend["served_version"])},
+        )
+        assert admin.post(f"/admin/backends/{backend['id']}/resume").json()["state"] == "active"
+
+
+def _replica_state(stack: Stack, backend_id: int) -> str:
+    with httpx.Client(base_url=stack.replica) as http:
+        return {b["id"]: b["state"] for b in http.get("/healthz").json()["backends"]}[backend_id]
+
+
+def _wait_for(predicate, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if predicate():
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_replica_learns_of_a_drain_at_once(stack):
+    with stack.admin() as admin:
+        backend_id = admin.get("/admin/backends").json()[0]["id"]
+        admin.post(f"/admin/backends/{backend_id}/drain")
+        # The replica polls only every 60 s: seeing it within a second means NOTIFY worked.
+        _wait_for(lambda: _replica_state(stack, backend_id) == "draining", timeout_s=1.0)
+        replies = [chat(stack.replica).id for _ in range(4)]
+        assert {admin.get(f"/admin/completions/{r}").json()["backend"] for r in replies} == {
+            b["id"] for b in admin.get("/admin/backends").json()
+        } - {backend_id}
+        admin.post(f"/admin/backends/{backend_id}/resume")
+        _wait_for(lambda: _replica_state(stack, backend_id) == "active", timeout_s=1.0)
+
+
+def test_a_replica_rereads_the_registry_after_losing_its_connection(stack):
+    with stack.admin() as admin:
+        backend_id = admin.get("/admin/backends").json()[0]["id"]
+    engine = create_engine(stack.db_url)
+    with engine.begin() as conn:  # a change nobody is told about, while the listeners drop
+        conn.execute(
+            text("UPDATE backends SET state = 'draining' WHERE id = :id"), {"id": backend_id}
+        )
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'rlgw-registry-listener' "
+                "AND datname = current_database()"
+            )
+        )
+    _wait_for(lambda: _replica_state(stack, backend_id) == "draining", timeout_s=10.0)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE backends SET state = 'active' WHERE id = :id"), {"id": backend_id}
+        )
+        conn.execute(text("SELECT pg_notify('rlgw_backends', :id)"), {"id": str(backend_id)})
+    engine.dispose()
+    _wait_for(lambda: _replica_state(stack, backend_id) == "active", timeout_s=5.0)

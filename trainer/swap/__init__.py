@@ -1,0 +1,1 @@
+"""Verified weight swaps into live vLLM backends (DESIGN.md: the swap protocol)."""

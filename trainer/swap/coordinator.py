@@ -1,0 +1,274 @@
+"""The swap coordinator: one backend at a time, drain -> pause -> apply -> verify -> serve.
+
+    active --drain--> draining --pause--> paused --apply--> verifying --parity ok--> active (new)
+                                             |                  | parity fails
+                                             v                  v
+                               apply refused/undone       rollback -> verifying -> active (old)
+                                                                   \\-> failed (out of routing)
+
+Every state lives in Postgres and is announced with NOTIFY, so every gateway replica stops routing
+to the backend before it is paused. The backend only re-enters routing after its served probe
+log-probs match the reference forward pass and its reported weight version matches the registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from rlgw import backend_state as bs
+from rlgw.db.models import Backend
+from rlgw.registry import version_label
+from trainer.parity import ProbeScores, served_scores
+
+from .vllm_control import ControlError, VllmControl
+
+ADVISORY_LOCK_NAMESPACE = 7_262_001  # pg_advisory_lock(namespace, backend id): one swap at a time
+
+
+@dataclass(frozen=True)
+class SwapPlan:
+    """One new policy version to install on every backend of a model."""
+
+    model_name: str
+    model_id: int
+    parent_version: int
+    new_version: int
+    kind: str  # "delta" (theta_new - theta_parent) or "full"
+    update_path: str
+    reference_new: ProbeScores
+    reference_old: ProbeScores | None = None  # for verifying a rollback
+    full_path: str | None = None  # full weights, for backends not at parent_version
+
+
+@dataclass
+class SwapReport:
+    backend_id: int
+    url: str
+    outcome: str = "failed"  # swapped | rolled_back | refused | failed | skipped
+    reason: str | None = None
+    steps: dict[str, float] = field(default_factory=dict)  # seconds per step
+    paused_s: float = 0.0  # vLLM paused
+    out_of_routing_s: float = 0.0  # from drain to active
+    parity_diff: float | None = None
+    bytes_shipped: int = 0
+
+
+class SwapFailed(Exception):
+    def __init__(self, reason: str, *, leave_paused: bool) -> None:
+        super().__init__(reason)
+        self.leave_paused = leave_paused
+
+
+class SwapCoordinator:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        drain_timeout_s: float,
+        parity_tolerance: float,
+        http: httpx.Client | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.engine = engine
+        self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
+        self.drain_timeout_s = drain_timeout_s
+        self.parity_tolerance = parity_tolerance
+        self.http = http or httpx.Client(timeout=120.0)
+        self.log = log
+
+    # ---------------------------------------------------------------- registry
+    def _set(self, backend_id: int, state: str, reason: str | None = None, **kw) -> None:
+        with self.sessions() as db, db.begin():
+            db.execute(bs.set_state(backend_id, state, reason, **kw))
+            db.execute(bs.NOTIFY, bs.notify_args(backend_id))
+
+    def backends(self, model_id: int) -> list[Backend]:
+        with self.sessions() as db:
+            return list(db.scalars(bs.backends_of(model_id)))
+
+    # ---------------------------------------------------------------- protocol
+    def push(self, plan: SwapPlan) -> list[SwapReport]:
+        """Swap every backend of the model, one after another (the others keep serving)."""
+        return [self.swap_backend(b, plan) for b in self.backends(plan.model_id)]
+
+    def swap_backend(self, backend: Backend, plan: SwapPlan) -> SwapReport:
+        report = SwapReport(backend.id, backend.url)
+        with self.engine.connect() as lock_conn:
+            locked = lock_conn.execute(
+                select(func.pg_try_advisory_lock(ADVISORY_LOCK_NAMESPACE, backend.id))
+            ).scalar_one()
+            if not locked:
+                report.outcome, report.reason = "skipped", "another swap of it is in progress"
+                return report
+            try:
+                self._swap_locked(backend, plan, report)
+            finally:
+                lock_conn.execute(
+                    select(func.pg_advisory_unlock(ADVISORY_LOCK_NAMESPACE, backend.id))
+                )
+                lock_conn.commit()
+        self.log(
+            f"[swap] backend {backend.id} {backend.url}: {report.outcome}"
+            + (f" ({report.reason})" if report.reason else "")
+            + "  "
+            + "  ".join(f"{k} {v:.3f}s" for k, v in report.steps.items())
+        )
+        return report
+
+    def _step(self, report: SwapReport, name: str, fn: Callable, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            report.steps[name] = report.steps.get(name, 0.0) + time.perf_counter() - t0
+
+    def _swap_locked(self, backend: Backend, plan: SwapPlan, report: SwapReport) -> None:
+        vllm = VllmControl(self.http, backend.url)
+        kind, path = plan.kind, plan.update_path
+        if backend.served_version != plan.parent_version:
+            if plan.full_path is None:
+                report.outcome = "skipped"
+                report.reason = (
+                    f"serves version {backend.served_version}, the delta applies to "
+                    f"{plan.parent_version}; no full weights were given"
+                )
+                return
+            kind, path = "full", plan.full_path  # an anchor sync instead of a delta
+        # Staging reads and validates the file while the backend keeps serving.
+        try:
+            staged = self._step(report, "stage", vllm.rpc, "rlgw_stage", path=path, kind=kind)
+        except (ControlError, httpx.HTTPError) as exc:
+            report.outcome, report.reason = "refused", f"update refused: {exc}"
+            return
+        report.bytes_shipped = sum(r.get("bytes", 0) for r in staged if isinstance(r, dict))
+        t_out = time.perf_counter()
+        try:
+            self._drain(vllm, backend, plan, report)
+            t_pause = time.perf_counter()
+            try:
+                self._apply(vllm, report)
+            finally:
+                report.paused_s = time.perf_counter() - t_pause
+            self._verify_or_roll_back(vllm, backend, plan, report)
+        except _Undone as exc:  # the worker kept the old weights: serve them again, verified
+            self._serve_old_again(vllm, backend, plan, report, str(exc), outcome="refused")
+        except SwapFailed as exc:
+            report.outcome, report.reason = "failed", str(exc)
+            self._set(backend.id, bs.FAILED, f"swap to version {plan.new_version} failed: {exc}")
+            if not exc.leave_paused:
+                with contextlib.suppress(ControlError, httpx.HTTPError):
+                    vllm.resume()
+        except (ControlError, httpx.HTTPError) as exc:  # weights in an unknown state
+            report.outcome, report.reason = "failed", f"{type(exc).__name__}: {exc}"
+            self._set(
+                backend.id,
+                bs.FAILED,
+                f"swap to version {plan.new_version} failed, weights unknown: {exc}",
+            )
+        finally:
+            report.out_of_routing_s = time.perf_counter() - t_out
+
+    def _drain(
+        self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport
+    ) -> None:
+        self._set(backend.id, bs.DRAINING, f"swap to version {plan.new_version}")
+        deadline = time.perf_counter() + self.drain_timeout_s
+        t0 = time.perf_counter()
+        idle = False
+        while time.perf_counter() < deadline:
+            if vllm.requests_in_flight() == 0:
+                idle = True
+                break
+            time.sleep(0.02)
+        report.steps["drain"] = time.perf_counter() - t0
+        # Bump the epoch before pausing: a request that still slips in is excluded from training.
+        self._set(backend.id, bs.PAUSED, f"applying version {plan.new_version}", bump_epoch=True)
+        self._step(report, "pause", vllm.pause, "wait" if idle else "abort")
+
+    def _apply(self, vllm: VllmControl, report: SwapReport) -> None:
+        try:
+            self._step(report, "apply", vllm.rpc, "rlgw_apply")
+        except ControlError as exc:  # the worker restored the old weights itself
+            raise _Undone(str(exc)) from exc
+        self._step(report, "reset_cache", vllm.reset_prefix_cache)
+        self._step(report, "resume", vllm.resume)
+
+    def _verify_or_roll_back(
+        self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport
+    ) -> None:
+        self._set(backend.id, bs.VERIFYING, f"checking parity of version {plan.new_version}")
+        served = self._step(
+            report, "parity", served_scores, self.http, backend.url, plan.model_name
+        )
+        report.parity_diff = served.max_abs_diff(plan.reference_new)
+        if report.parity_diff <= self.parity_tolerance:
+            self._step(report, "commit", vllm.rpc, "rlgw_commit")
+            label = version_label(plan.new_version)
+            vllm.set_weight_version(label)
+            reported = vllm.weight_version()
+            if reported != label:
+                raise SwapFailed(
+                    f"backend reports weight version {reported!r}, not {label!r}",
+                    leave_paused=False,
+                )
+            self._set(backend.id, bs.ACTIVE, None, served_version=plan.new_version)
+            report.outcome = "swapped"
+            return
+        reason = (
+            f"parity failed: max |served - reference| = {report.parity_diff:.3g} "
+            f"> {self.parity_tolerance:g}"
+        )
+        self._roll_back(vllm, backend, plan, report, reason)
+
+    def _roll_back(
+        self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport, reason: str
+    ) -> None:
+        vllm.pause("abort")
+        try:
+            vllm.rpc("rlgw_rollback")
+        except ControlError as exc:
+            raise SwapFailed(f"{reason}; rollback failed: {exc}", leave_paused=True) from exc
+        self._serve_old_again(vllm, backend, plan, report, reason, outcome="rolled_back")
+
+    def _serve_old_again(
+        self,
+        vllm: VllmControl,
+        backend: Backend,
+        plan: SwapPlan,
+        report: SwapReport,
+        reason: str,
+        *,
+        outcome: str,
+    ) -> None:
+        """The old weights are back in place: verify them, then return the backend to routing."""
+        vllm.reset_prefix_cache()
+        vllm.resume()
+        if plan.reference_old is None:
+            raise SwapFailed(
+                f"{reason}; no reference to verify the old weights against", leave_paused=True
+            )
+        old_diff = served_scores(self.http, backend.url, plan.model_name).max_abs_diff(
+            plan.reference_old
+        )
+        if old_diff > self.parity_tolerance:
+            raise SwapFailed(
+                f"{reason}; the restored weights fail parity ({old_diff:.3g})", leave_paused=True
+            )
+        self._set(
+            backend.id, bs.ACTIVE, f"{reason}; kept version {backend.served_version} (verified)"
+        )
+        report.outcome, report.reason = outcome, reason
+
+
+class _Undone(SwapFailed):
+    """The worker refused or undid the apply: the old weights are intact."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"apply undone: {reason}", leave_paused=False)

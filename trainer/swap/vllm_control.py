@@ -1,0 +1,70 @@
+"""The vLLM control endpoints a swap uses (dev mode), and the project's worker-extension calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class ControlError(RuntimeError):
+    """A control call failed or a worker refused an operation."""
+
+
+class VllmControl:
+    def __init__(self, http: httpx.Client, url: str) -> None:
+        self.http = http
+        self.url = url.rstrip("/")
+
+    def _post(self, path: str, **kwargs: Any) -> httpx.Response:
+        reply = self.http.post(self.url + path, **kwargs)
+        if reply.status_code != 200:
+            raise ControlError(f"POST {path}: HTTP {reply.status_code} {reply.text[:300]}")
+        return reply
+
+    def pause(self, mode: str) -> None:
+        """mode 'wait' lets running requests finish; 'abort' ends them (never 'keep': a kept
+        request would resume on the new weights under the old label)."""
+        if mode not in ("wait", "abort"):
+            raise ValueError(f"pause mode {mode!r} is not allowed during a swap")
+        self._post("/pause", params={"mode": mode})
+
+    def resume(self) -> None:
+        self._post("/resume")
+
+    def reset_prefix_cache(self) -> None:
+        # Cached KV blocks were computed with the old weights.
+        self._post("/reset_prefix_cache")
+
+    def weight_version(self) -> str:
+        reply = self.http.get(self.url + "/weight_info")
+        reply.raise_for_status()
+        return str(reply.json().get("weight_version"))
+
+    def set_weight_version(self, label: str) -> None:
+        self._post("/update_weight_version", json={"new_version": label})
+
+    def requests_in_flight(self) -> float:
+        """Running plus waiting requests, from vLLM's Prometheus metrics."""
+        reply = self.http.get(self.url + "/metrics")
+        reply.raise_for_status()
+        total = 0.0
+        for line in reply.text.splitlines():
+            if line.startswith(
+                (
+                    "vllm:num_requests_running",
+                    "vllm:num_requests_waiting{",
+                    "vllm:num_requests_waiting ",
+                )
+            ):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def rpc(self, method: str, **kwargs: str) -> Any:
+        """Call a worker-extension method on every worker; each must report ok."""
+        reply = self._post("/collective_rpc", json={"method": method, "kwargs": kwargs})
+        results = reply.json().get("results", [])
+        for result in results:
+            if isinstance(result, dict) and not result.get("ok", True):
+                raise ControlError(f"{method}: {result.get('error')}")
+        return results

@@ -1,0 +1,63 @@
+"""Policy versions on disk and in the registry: where each version's weights are, and how to
+rebuild any version's reference model (its base checkpoint, then full files or deltas in order)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from rlgw.db.models import PolicyVersion, RegisteredModel
+
+from .weights import apply_delta, load_full, load_reference_model, read_update
+
+
+def version_file(home: Path, model: str, version: int, kind: str) -> Path:
+    return home / "versions" / model / f"v{version:06d}-{kind}.safetensors"
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def chain(db: Session, model: RegisteredModel, version: int) -> list[PolicyVersion]:
+    """The versions to replay to rebuild `version`: from the last base or full one onwards."""
+    rows = {
+        v.version: v
+        for v in db.scalars(select(PolicyVersion).where(PolicyVersion.model_id == model.id))
+    }
+    steps: list[PolicyVersion] = []
+    current: int | None = version
+    while current is not None:
+        row = rows.get(current)
+        if row is None:
+            raise LookupError(f"{model.name} has no version {current}")
+        steps.append(row)
+        if row.kind in ("base", "full"):
+            break
+        current = row.parent_version
+    return steps[::-1]
+
+
+def materialize(db: Session, model: RegisteredModel, version: int) -> torch.nn.Module:
+    """The reference model (transformers, fp32) of one version."""
+    steps = chain(db, model, version)
+    if steps[0].kind == "base":
+        if not model.path:
+            raise LookupError(f"{model.name} has no base checkpoint path on record")
+        reference = load_reference_model(model.path)
+    else:
+        if not model.path:
+            raise LookupError(f"{model.name} needs its base checkpoint for the architecture")
+        reference = load_reference_model(model.path)
+        load_full(reference, read_update(steps[0].weights_path))
+    for step in steps[1:]:
+        apply_delta(reference, read_update(step.weights_path))
+    return reference
