@@ -103,6 +103,39 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0 if reports and all(r.outcome == "swapped" for r in reports) else 1
 
 
+TRAIN_FLAGS = (
+    "lr",
+    "batch_sessions",
+    "min_sessions",
+    "max_staleness",
+    "anchor_every",
+    "minibatches",
+    "clip_eps",
+    "imp_weight_cap",
+    "seed",
+)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rlgw.database import resolve_database_url
+    from rlgw.db.engine import make_sync_engine
+    from trainer.config import TrainerConfig
+    from trainer.service import OnlineTrainer
+
+    settings = Settings()
+    config = TrainerConfig(**{k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None})
+    engine = make_sync_engine(resolve_database_url(settings))
+    trainer = OnlineTrainer(settings, engine, args.model, config)
+    try:
+        trainer.run(poll_s=args.poll_s, max_versions=args.max_versions)
+    except KeyboardInterrupt:
+        print("[train] stopped")
+    finally:
+        trainer.close()
+        engine.dispose()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlgw", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,6 +192,31 @@ def build_parser() -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--delta", help="safetensors file of theta_new - theta_served (HF names)")
     what.add_argument("--full", help="checkpoint directory with the new weights")
+
+    p = add("train", cmd_train, "Run the online trainer for a model until stopped.")
+    p.add_argument("--model", required=True, help="registered model name")
+    p.add_argument("--max-versions", type=int, default=None, help="stop after N versions")
+    p.add_argument("--poll-s", type=float, default=0.5, help="wait between empty polls")
+    for flag in TRAIN_FLAGS:
+        kind = (
+            int
+            if flag
+            in (
+                "batch_sessions",
+                "min_sessions",
+                "max_staleness",
+                "anchor_every",
+                "minibatches",
+                "seed",
+            )
+            else float
+        )
+        p.add_argument(
+            "--" + flag.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"TrainerConfig.{flag} (see trainer/config.py)",
+        )
     return parser
 
 
@@ -167,3 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "db" and args.revision is None:
         args.revision = "head" if args.action == "upgrade" else "base"
     sys.exit(args.handler(args))
+
+
+if __name__ == "__main__":
+    main()

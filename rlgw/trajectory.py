@@ -98,7 +98,10 @@ def group_verdict(db: Session, group: SessionGroup, now: datetime) -> tuple[Grou
         if counts:
             values[reward.session_id].append(reward.value)
     verdict = judge_group(
-        [Member(sid, status in ("closed", "consumed"), values[sid]) for sid, status in members],
+        [
+            Member(sid, status in ("closed", "claimed", "consumed"), values[sid])
+            for sid, status in members
+        ],
         group.normalization,
         expected_size=group.expected_size,
         deadline_at=group.deadline_at,

@@ -148,24 +148,40 @@ class WeightUpdateExtension:
             return {"ok": False, "error": "nothing staged"}
         kind, tensors = self._rlgw_staged
         t0 = time.perf_counter()
+        phases: dict[str, float] = {}
+        tp = time.perf_counter()
         params = self._rlgw_params()
         snapshot = {name: p.detach().clone() for name, p in params.items()}
+        phases["snapshot"] = time.perf_counter() - tp
         try:
             model = self._rlgw_model()
+            tp = time.perf_counter()
             if kind == "delta":
                 for p in params.values():
                     p.data.zero_()
+            phases["zero"] = time.perf_counter() - tp
+            tp = time.perf_counter()
             model.load_weights(iter(tensors.items()))
+            phases["load"] = time.perf_counter() - tp
+            tp = time.perf_counter()
             if kind == "delta":
                 for name, p in params.items():
                     p.data.add_(snapshot[name])
+            phases["add"] = time.perf_counter() - tp
+            tp = time.perf_counter()
             repacked = self._rlgw_repack()
+            phases["repack"] = time.perf_counter() - tp
         except Exception as exc:
             self._rlgw_restore(snapshot)
             return {"ok": False, "error": f"apply failed and was undone: {exc}"}
         self._rlgw_staged = None
         self._rlgw_snapshot = snapshot
-        return {"ok": True, "repacked": repacked, "seconds": time.perf_counter() - t0}
+        return {
+            "ok": True,
+            "repacked": repacked,
+            "phases": phases,
+            "seconds": time.perf_counter() - t0,
+        }
 
     def rlgw_rollback(self) -> dict[str, Any]:
         """Restore the weights from before the last apply."""

@@ -223,11 +223,16 @@ async def add_reward(
                         code="idempotency_key_reused",
                     )
                 return _reward_out(earlier, counts=True), False
-        if session.status == "consumed":
+        if session.status in ("claimed", "consumed", "dropped"):
+            detail = {
+                "claimed": "is being trained on",
+                "consumed": "was already consumed by training",
+                "dropped": f"was dropped from training ({session.dropped_reason})",
+            }[session.status]
             raise APIError(
                 409,
-                f"session {session_id} was already consumed by training",
-                code="session_consumed",
+                f"session {session_id} {detail}: a reward now would never be trained on",
+                code=f"session_{session.status}",
             )
         completion_id = await _target_completion(db, session_id, body.completion_id)
         reward = Reward(

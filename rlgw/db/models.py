@@ -142,11 +142,21 @@ class AgentSession(Base):
         comment="created by the gateway for a call that named no session",
     )
     status: Mapped[str] = mapped_column(
-        String(16), default="open", server_default="open", comment="open|closed|consumed"
+        String(16),
+        default="open",
+        server_default="open",
+        comment="open|closed|claimed|consumed|dropped",
     )
     created_at: Mapped[datetime] = _now()
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    claimed_by: Mapped[int | None] = mapped_column(
+        BigInteger, comment="trainer instance holding the claim (its advisory lock id)"
+    )
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     consumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    dropped_reason: Mapped[str | None] = mapped_column(
+        Text, comment="why training will never use this session"
+    )
 
 
 class Completion(Base):
@@ -194,6 +204,27 @@ class Completion(Base):
     eligibility_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Consumption(Base):
+    """The ledger: which completions of which sessions each policy version's update used."""
+
+    __tablename__ = "consumption"
+    __table_args__ = (
+        UniqueConstraint("model_id", "session_id", "completion_id"),
+        Index(None, "model_id", "version"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer, comment="the version this update produced")
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    completion_id: Mapped[str] = mapped_column(ForeignKey("completions.id", ondelete="CASCADE"))
+    used: Mapped[bool] = mapped_column(Boolean, comment="false: skipped, see reason")
+    reason: Mapped[str | None] = mapped_column(Text)
+    tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    advantage: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = _now()
 
 
 class Reward(Base):

@@ -132,7 +132,7 @@ class SwapCoordinator:
     def _swap_locked(self, backend: Backend, plan: SwapPlan, report: SwapReport) -> None:
         vllm = VllmControl(self.http, backend.url)
         kind, path = plan.kind, plan.update_path
-        if backend.served_version != plan.parent_version:
+        if kind == "delta" and backend.served_version != plan.parent_version:
             if plan.full_path is None:
                 report.outcome = "skipped"
                 report.reason = (

@@ -1,0 +1,231 @@
+"""The online trainer end to end: rewarded sessions -> one update -> a verified swap -> new
+completions carry the new version; the ledger lists exactly what was used, once, even across a
+crash; stale data is skipped with a reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.orm import Session
+
+from gateway.main import create_app
+from rlgw.db.engine import make_sync_engine, sync_session_factory
+from rlgw.db.migrate import upgrade
+from rlgw.db.models import AgentSession, Consumption, PolicyVersion
+from rlgw.registry import register_backend
+from trainer.config import TrainerConfig
+from trainer.parity import reference_scores, served_scores
+from trainer.service import FAULT_ENV, OnlineTrainer
+
+from conftest import (
+    MODEL_NAME,
+    LiveServer,
+    free_port,
+    gateway_settings,
+    start_vllm_servers,
+    stop_vllm_servers,
+)
+
+
+class Env:
+    def __init__(self, db_url: str, backend: str, gateway: str, home: Path) -> None:
+        self.db_url, self.backend, self.gateway, self.home = db_url, backend, gateway, home
+        self.settings = gateway_settings(db_url).model_copy(update={"home": home})
+        self.http = httpx.Client(base_url=gateway, timeout=120)
+
+    def episode(self, reward: float, **session) -> tuple[str, str]:
+        """One rewarded, closed session with one completion; returns (session id, completion id)."""
+        s = self.http.post("/v1/sessions", json=session).json()
+        reply = openai.OpenAI(base_url=s["base_url"], api_key="unused").chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "Say A"}],
+            max_tokens=6,
+            temperature=1.0,
+        )
+        assert (
+            self.http.post(f"/v1/sessions/{s['id']}/rewards", json={"value": reward}).status_code
+            == 201
+        )
+        self.http.post(f"/v1/sessions/{s['id']}/close")
+        return s["id"], reply.id
+
+    def db(self) -> Session:
+        return Session(create_engine(self.db_url))
+
+    def trainer(self, **config) -> OnlineTrainer:
+        engine = make_sync_engine(self.db_url)
+        return OnlineTrainer(
+            self.settings,
+            engine,
+            MODEL_NAME,
+            TrainerConfig(**{"lr": 1e-3, "batch_sessions": 16, **config}),
+            log=print,
+        )
+
+    def ledger(self) -> list[tuple]:
+        with self.db() as db:
+            return [
+                tuple(r)
+                for r in db.execute(
+                    select(
+                        Consumption.version,
+                        Consumption.session_id,
+                        Consumption.completion_id,
+                        Consumption.used,
+                        Consumption.reason,
+                    ).order_by(Consumption.id)
+                )
+            ]
+
+
+@pytest.fixture(scope="module")
+def env(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Env]:
+    db_url = make_database()
+    upgrade(db_url)
+    servers = start_vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("train-logs"))
+    engine = make_sync_engine(db_url)
+    register_backend(
+        sync_session_factory(engine), MODEL_NAME, servers[0][1], model_path=str(tiny_model_dir)
+    )
+    engine.dispose()
+    with LiveServer(create_app(gateway_settings(db_url)), free_port()) as gw:
+        yield Env(db_url, servers[0][1], gw.url, tmp_path_factory.mktemp("home"))
+    stop_vllm_servers(servers)
+
+
+def drain_queue(env: Env) -> None:
+    """Consume whatever earlier tests left eligible, so each test starts from an empty queue."""
+    trainer = env.trainer(max_staleness=100)
+    while trainer.step() is not None:
+        pass
+    trainer.close()
+
+
+def test_one_update_is_served_verified_and_recorded_in_the_ledger(env):
+    drain_queue(env)
+    episodes = [env.episode(r) for r in (1.0, 0.0, 0.5, 1.0)]
+    trainer = env.trainer()
+    start = trainer.version
+    report = trainer.step()
+    assert report is not None and report.version == start + 1
+    assert [s.outcome for s in report.swaps] == ["swapped"]
+    served = served_scores(httpx.Client(), env.backend, MODEL_NAME)
+    assert served.max_abs_diff(reference_scores(trainer.model)) <= 1e-4
+    new_reply = openai.OpenAI(
+        base_url=f"{env.gateway}/v1", api_key="unused"
+    ).chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    admin = httpx.Client(base_url=env.gateway, headers={"X-Admin-Key": env.settings.admin_key})
+    assert admin.get(f"/admin/completions/{new_reply.id}").json()["policy_version"] == start + 1
+    used = [(v, s, c) for v, s, c, ok, _ in env.ledger() if v == start + 1 and ok]
+    assert sorted(used) == sorted((start + 1, s, c) for s, c in episodes)
+    with env.db() as db:
+        assert {db.get(AgentSession, s).status for s, _ in episodes} == {"consumed"}
+        metrics = db.scalar(select(PolicyVersion.metrics).where(PolicyVersion.version == start + 1))
+    assert {"loss", "kl_behave", "reward_mean", "pause_s", "config"} <= set(metrics)
+    versions = admin.get("/admin/versions").json()
+    assert versions[-1]["version"] == start + 1 and "loss" in versions[-1]["metrics"]
+    assert trainer.step() is None  # the same sessions are not consumed again
+    trainer.close()
+    reply = env.http.post(f"/v1/sessions/{episodes[0][0]}/rewards", json={"value": 1.0})
+    assert reply.status_code == 409 and reply.json()["error"]["code"] == "session_consumed"
+
+
+def run_trainer_process(env: Env, fault: str | None) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
+    environment.pop(FAULT_ENV, None)
+    if fault:
+        environment[FAULT_ENV] = fault
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlgw.cli",
+            "train",
+            "--model",
+            MODEL_NAME,
+            "--max-versions",
+            "1",
+            "--batch-sessions",
+            "16",
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def current_version(env: Env) -> int:
+    with env.db() as db:
+        return db.execute(
+            text("SELECT current_version FROM models WHERE name = :n"), {"n": MODEL_NAME}
+        ).scalar_one()
+
+
+def test_a_crash_before_commit_loses_nothing_and_trains_nothing_twice(env):
+    drain_queue(env)
+    episodes = [env.episode(r) for r in (1.0, 0.0, 1.0)]
+    version = current_version(env)
+    crashed = run_trainer_process(env, "crash-before-commit")
+    assert crashed.returncode == 86, crashed.stdout + crashed.stderr
+    assert current_version(env) == version  # no version from the crashed update
+    with env.db() as db:
+        assert {db.get(AgentSession, s).status for s, _ in episodes} == {"claimed"}
+    again = run_trainer_process(env, None)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "released 3 session(s)" in again.stdout
+    assert current_version(env) == version + 1
+    rows = [(s, c) for v, s, c, ok, _ in env.ledger() if ok and s in {e[0] for e in episodes}]
+    assert sorted(rows) == sorted(episodes)  # each completion exactly once
+
+
+def test_a_crash_after_commit_brings_the_backend_up_to_date_on_restart(env):
+    drain_queue(env)
+    env.episode(1.0)
+    env.episode(0.0)
+    version = current_version(env)
+    crashed = run_trainer_process(env, "crash-after-commit")
+    assert crashed.returncode == 86, crashed.stdout + crashed.stderr
+    assert current_version(env) == version + 1
+    assert env.http.get("/healthz").json()["backends"][0]["served_version"] == version
+    ledger_before = env.ledger()
+    trainer = env.trainer()  # a restart: finds the backend behind and syncs it
+    trainer.close()
+    with httpx.Client(base_url=env.gateway) as http:
+        assert http.get("/healthz").json()["backends"][0]["served_version"] == version + 1
+    assert env.ledger() == ledger_before  # nothing retrained
+
+
+def test_stale_completions_are_skipped_with_a_recorded_reason(env):
+    drain_queue(env)
+    stale_session, stale_completion = env.episode(1.0)
+    trainer = env.trainer(max_staleness=0)
+    env.episode(0.5)  # hold the stale session back: train on another one first
+    with env.db() as db, db.begin():
+        db.execute(
+            text("UPDATE sessions SET status = 'open' WHERE id = :id"), {"id": stale_session}
+        )
+    trainer.step()
+    with env.db() as db, db.begin():
+        db.execute(
+            text("UPDATE sessions SET status = 'closed' WHERE id = :id"), {"id": stale_session}
+        )
+    fresh = env.episode(0.0)
+    report = trainer.step()
+    trainer.close()
+    assert report is not None and report.skipped == 1
+    rows = {
+        c: (ok, reason) for _, s, c, ok, reason in env.ledger() if s in (stale_session, fresh[0])
+    }
+    assert rows[fresh[1]] == (True, None)
+    assert rows[stale_completion][0] is False and "stale" in rows[stale_completion][1]
