@@ -62,8 +62,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rlgw.serve import run_gateway
 
     settings = _settings(args)
-    upgrade(resolve_database_url(settings))
-    run_gateway(settings)
+    url = resolve_database_url(settings)
+    upgrade(url)
+    run_gateway(settings.model_copy(update={"database_url": url}))
     return 0
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
@@ -23,6 +26,8 @@ def _banner(settings: Settings, model: str) -> str:
   stored record:        curl -H "Authorization: Bearer $RLGW_ADMIN_KEY" \\
                              {base}/admin/completions/<id>
   health:               {base}/healthz
+  the trainer consumes closed, rewarded sessions and pushes new versions to the backend
+  (GET {base}/admin/versions with the admin key shows them)
 """
 
 
@@ -30,6 +35,7 @@ def run_up(settings: Settings, *, backend_port: int, preset: str, seed: int) -> 
     from trainer.init_model import create_model
 
     url = resolve_database_url(settings)
+    settings = settings.model_copy(update={"database_url": url})
     print("[rlgw] applying migrations", flush=True)
     upgrade(url)
     model = f"{preset}-seed{seed}"
@@ -47,9 +53,29 @@ def run_up(settings: Settings, *, backend_port: int, preset: str, seed: int) -> 
             sync_session_factory(engine), model, backend_url, model_path=str(model_dir)
         )
         engine.dispose()
+        trainer = start_trainer(settings, model)
         print(_banner(settings, model), flush=True)
-        run_gateway(settings)
+        try:
+            run_gateway(settings)
+        finally:
+            print("[rlgw] stopping the trainer", flush=True)
+            stop_backend(trainer)
     finally:
         print("[rlgw] stopping vLLM", flush=True)
         stop_backend(backend)
     return 0
+
+
+def start_trainer(settings: Settings, model: str) -> subprocess.Popen:
+    """`rlgw train` in its own process group, logging under <home>/logs."""
+    log_path = settings.home / "logs" / "trainer.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[rlgw] starting the trainer (log: {log_path})", flush=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rlgw.cli", "train", "--model", model],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
