@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -31,7 +32,14 @@ def _banner(settings: Settings, model: str) -> str:
 """
 
 
+def _exit_on_sigterm() -> None:
+    # uvicorn re-raises the signal that stopped it; exiting through SystemExit lets the
+    # `finally` blocks below stop the trainer and vLLM instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+
 def run_up(settings: Settings, *, backend_port: int, preset: str, seed: int) -> int:
+    _exit_on_sigterm()
     from trainer.init_model import create_model
 
     url = resolve_database_url(settings)
