@@ -1,6 +1,10 @@
-"""Running the gateway under uvicorn."""
+"""Running the gateway under uvicorn: in the foreground, or in a thread of this process."""
 
 from __future__ import annotations
+
+import threading
+import time
+from typing import Any
 
 import uvicorn
 
@@ -21,3 +25,27 @@ def run_gateway(settings: Settings) -> None:
         log_level="warning",
         access_log=False,
     )
+
+
+class GatewayThread:
+    """An ASGI app served by uvicorn on a real port from a thread of this process (for `rlgw demo`
+    and the tests: real HTTP, so streaming and disconnects behave as in production)."""
+
+    def __init__(self, app: Any, port: int, host: str = "127.0.0.1") -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="gateway")
+        self.url = f"http://{host}:{port}"
+
+    def __enter__(self) -> GatewayThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

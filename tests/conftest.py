@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,11 +12,11 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-import uvicorn
 
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
 from rlgw.embedded_pg import to_libpq_uri, to_sqlalchemy_url
+from rlgw.serve import GatewayThread
 from rlgw.settings import Settings
 
 DEFAULT_TEST_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -141,31 +140,13 @@ def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 # ----------------------------------------------------------------------------- gateway
 
 
-class LiveServer:
-    """Runs an ASGI app under uvicorn in a thread, on a real port (so streaming is real)."""
-
-    def __init__(self, app, port: int) -> None:
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("gateway did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+LiveServer = GatewayThread  # a gateway on a real port, in a thread
 
 
 def gateway_settings(database_url: str, **overrides) -> Settings:
+    """Settings of a test gateway. Auth is off unless a test asks for it (the auth tests do):
+    the suite predates agent keys and exercises everything else in the open loopback mode."""
+    overrides.setdefault("auth", "off")
     return Settings(
         database_url=database_url, admin_key=ADMIN_KEY, home=Path("/nonexistent"), **overrides
     )
