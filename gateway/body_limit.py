@@ -28,24 +28,38 @@ class BodyLimitMiddleware:
                 await too_large.response()(scope, receive, send)
                 return
         seen = 0
-        started = False
+        started = False  # the app's response has begun: it can no longer be replaced
+        exceeded = False
+        answered = False
 
         async def counting_receive() -> Any:
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    exceeded = True
                     raise _TooLarge
             return message
 
-        async def tracking_send(message: Any) -> None:
+        async def answer_413() -> None:
+            nonlocal answered
+            if not answered:
+                answered = True
+                await too_large.response()(scope, receive, send)
+
+        async def guarded_send(message: Any) -> None:
             nonlocal started
+            if exceeded and not started:
+                # The app caught the overflow and answered something else (FastAPI turns any
+                # error while reading a body into a 400): the caller gets the 413 instead.
+                await answer_413()
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, tracking_send)
+            await self.app(scope, counting_receive, guarded_send)
         except _TooLarge:
             if not started:
-                await too_large.response()(scope, receive, send)
+                await answer_413()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
@@ -12,6 +13,10 @@ from rlgw.settings import Settings
 from .openai.service import ProxyService
 from .recording import Recorder
 from .routing import BackendPool
+
+if TYPE_CHECKING:
+    from .auth import AuthService
+    from .limits import Limiter
 
 
 @dataclass
@@ -23,3 +28,5 @@ class GatewayContext:
     pool: BackendPool
     recorder: Recorder
     proxy: ProxyService
+    auth: AuthService
+    limiter: Limiter

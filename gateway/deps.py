@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from .context import GatewayContext
@@ -28,32 +29,43 @@ async def get_db(ctx: ContextDep) -> AsyncIterator[AsyncSession]:
 DbDep = Annotated[AsyncSession, Depends(get_db)]
 
 
-def _presented_key(authorization: str | None, x_admin_key: str | None) -> str | None:
-    if x_admin_key:
-        return x_admin_key
-    if authorization:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer" and token:
-            return token.strip()
-    return None
+_admin_bearer = HTTPBearer(
+    auto_error=False, scheme_name="AdminKey", description="The admin key (RLGW_ADMIN_KEY)."
+)
+_admin_header = APIKeyHeader(
+    name="X-Admin-Key",
+    auto_error=False,
+    scheme_name="AdminKeyHeader",
+    description="The admin key (RLGW_ADMIN_KEY), as a header of its own.",
+)
+
+
+def admin_key_matches(presented: str | None, settings_key: str) -> bool:
+    """Constant-time comparison; an empty configured key matches nothing."""
+    if not presented or not settings_key:
+        return False
+    return hmac.compare_digest(presented.encode(), settings_key.encode())
 
 
 def require_admin(
+    request: Request,
     ctx: ContextDep,
-    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
-    x_admin_key: Annotated[str | None, Header(include_in_schema=False)] = None,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
+    x_admin_key: Annotated[str | None, Depends(_admin_header)],
 ) -> None:
-    """Admin key as `Authorization: Bearer <key>` or `X-Admin-Key`; 401 if absent, 403 if wrong."""
-    presented = _presented_key(authorization, x_admin_key)
-    if presented is None:
+    """Admin key as `Authorization: Bearer <key>` or `X-Admin-Key`; 401 if absent, 403 if wrong.
+    The key is never echoed. Admin calls count against the "admin" rate and concurrency limits."""
+    presented = x_admin_key or (bearer.credentials if bearer else None)
+    if not presented:
         raise APIError(
             401,
             "admin key required (Authorization: Bearer or X-Admin-Key)",
             code="missing_admin_key",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    if not hmac.compare_digest(presented.encode(), ctx.settings.admin_key.encode()):
+    if not admin_key_matches(presented.strip(), ctx.settings.admin_key):
         raise APIError(403, "admin key not accepted", code="invalid_admin_key")
+    ctx.limiter.admit("admin", request.scope)
 
 
 AdminDep = Depends(require_admin)

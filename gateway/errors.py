@@ -75,6 +75,11 @@ class APIError(Exception):
         return JSONResponse(self.envelope(), status_code=self.status, headers=self.headers)
 
 
+def session_not_found(session_id: str) -> APIError:
+    """One answer for a missing session and for another tenant's: ids cannot be probed."""
+    return APIError(404, f"no session {session_id}", code="session_not_found")
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:

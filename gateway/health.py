@@ -6,11 +6,12 @@ import asyncio
 from typing import Any
 
 import httpx
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from .deps import ContextDep
+from .auth import client_address
+from .deps import ContextDep, admin_key_matches
 
 router = APIRouter(tags=["health"])
 
@@ -32,8 +33,21 @@ async def _backend_ok(http: httpx.AsyncClient, url: str) -> str | None:
         return type(exc).__name__
 
 
+def _shows_addresses(request: Request, ctx: ContextDep) -> bool:
+    """Backend URLs are internal addresses: with auth on, only the admin key sees them."""
+    if not ctx.auth.enabled:
+        return True
+    presented = request.headers.get("x-admin-key")
+    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+    if not presented and scheme.lower() == "bearer":
+        presented = credential.strip()
+    return admin_key_matches(presented, ctx.settings.admin_key)
+
+
 @router.get("/healthz")
-async def healthz(ctx: ContextDep) -> JSONResponse:
+async def healthz(request: Request, ctx: ContextDep) -> JSONResponse:
+    """Open to all (load balancers need no key), under the client address's rate limit."""
+    ctx.limiter.admit(f"addr:{client_address(request)}", request.scope)
     views = ctx.pool.backends()
     db_error, *backend_errors = await asyncio.gather(
         _database_ok(ctx), *(_backend_ok(ctx.http, b.url) for b in views)
@@ -61,6 +75,8 @@ async def healthz(ctx: ContextDep) -> JSONResponse:
             "written": ctx.recorder.written,
             "failed": ctx.recorder.failed,
         },
-        "backends": backends,
+        "backends": backends
+        if _shows_addresses(request, ctx)
+        else [{k: v for k, v in b.items() if k not in ("url", "error")} for b in backends],
     }
     return JSONResponse(body, status_code=200 if db_error is None else 503)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -13,23 +14,30 @@ from rlgw.db.engine import async_session_factory, make_async_engine
 from rlgw.settings import Settings, get_settings
 
 from .admin.backends import router as admin_backends_router
+from .admin.keys import router as admin_keys_router
+from .admin.register import router as register_router
 from .admin.router import router as admin_router
+from .auth import AuthService
 from .backend_events import follow_registry
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
 from .errors import install_error_handlers
 from .health import router as health_router
+from .limits import Limiter, ReleaseSlots
 from .openai.router import router as openai_router
 from .openai.service import ProxyService
 from .recording import Recorder
 from .routing import BackendPool
 from .sessions.router import router as sessions_router
 
+log = logging.getLogger("rlgw.gateway")
+
 
 def create_app(
     settings: Settings | None = None, *, upstream_transport: httpx.AsyncBaseTransport | None = None
 ) -> FastAPI:
-    """The gateway app. `upstream_transport` replaces the network to the backends (fault tests)."""
+    """The gateway app. `upstream_transport` replaces the network to the backends (fault tests);
+    it is not used by backend registration, which always checks and pins real addresses."""
     settings = settings or get_settings()
     if not settings.database_url:
         raise RuntimeError("RLGW_DATABASE_URL is not set (rlgw serve/up start one if needed)")
@@ -61,7 +69,18 @@ def create_app(
                 pool=pool,
                 recorder=recorder,
                 proxy=ProxyService(pool, recorder, http, sessions),
+                auth=AuthService(settings, sessions),
+                limiter=Limiter(
+                    settings.rate_limit_rps,
+                    settings.rate_limit_burst,
+                    settings.max_concurrency_per_key,
+                ),
             )
+            if app.state.context.auth.enabled and app.state.context.auth.ephemeral_secret:
+                log.warning(
+                    "RLGW_TOKEN_SECRET is not set: session tokens are signed with a random "
+                    "secret of this process and stop working when it restarts"
+                )
             listening = asyncio.Event()
             refresher = asyncio.create_task(
                 follow_registry(
@@ -78,10 +97,13 @@ def create_app(
 
     app = FastAPI(title="RL Gateway", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ReleaseSlots)
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(sessions_router)
     app.include_router(admin_router)
     app.include_router(admin_backends_router)
+    app.include_router(admin_keys_router)
+    app.include_router(register_router)
     app.include_router(health_router)
     return app

@@ -37,6 +37,7 @@ class CompletionRecord:
     stream: bool
     request: dict[str, Any]
     created_at: datetime
+    tenant: str | None = None  # of an implicit session (a named session already has its own)
     backend_id: int | None = None
     policy_version: int | None = None
     prompt_token_ids: list[int] | None = None
@@ -217,7 +218,13 @@ class Recorder:
     async def _insert(self, records: list[CompletionRecord]) -> None:
         # An implicit session holds exactly this one completion: it is born closed.
         implicit = [
-            {"id": r.session_id, "implicit": True, "status": "closed", "closed_at": r.created_at}
+            {
+                "id": r.session_id,
+                "implicit": True,
+                "status": "closed",
+                "closed_at": r.created_at,
+                "tenant": r.tenant,
+            }
             for r in records
             if r.implicit_session
         ]

@@ -7,20 +7,22 @@ import re
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from .errors import APIError
+from .errors import APIError, session_not_found
 
 SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 IMPLICIT_PREFIX = "auto-"
 
-# One round trip: create the session if it is new, and read its status either way.
+# One round trip: create the session if it is new (owned by the caller's tenant), and read its
+# status and tenant either way.
 _OPEN_OR_CREATE = text(
     """
     WITH created AS (
-        INSERT INTO sessions (id) VALUES (:id) ON CONFLICT (id) DO NOTHING RETURNING status
+        INSERT INTO sessions (id, tenant) VALUES (:id, :tenant)
+        ON CONFLICT (id) DO NOTHING RETURNING status, tenant
     )
-    SELECT status FROM created
+    SELECT status, tenant FROM created
     UNION ALL
-    SELECT status FROM sessions WHERE id = :id
+    SELECT status, tenant FROM sessions WHERE id = :id
     LIMIT 1
     """
 )
@@ -37,18 +39,24 @@ def validate_session_id(session_id: str) -> str:
     return session_id
 
 
-async def open_session(sessions: async_sessionmaker, session_id: str) -> None:
-    """Create the named session on first use; refuse if it is no longer open (409)."""
+async def open_session(
+    sessions: async_sessionmaker, session_id: str, tenant: str | None = None
+) -> None:
+    """Create the named session on first use; refuse if it is no longer open (409). With a
+    `tenant` (auth on), another tenant's session is reported missing (404), as if it did not
+    exist; without one (auth off) every session is reachable."""
     validate_session_id(session_id)
+    params = {"id": session_id, "tenant": tenant}
     async with sessions() as db, db.begin():
-        status = (await db.execute(_OPEN_OR_CREATE, {"id": session_id})).scalar_one_or_none()
-    if status is None:  # created by a concurrent request after this statement's snapshot
+        row = (await db.execute(_OPEN_OR_CREATE, params)).first()
+    if row is None:  # created by a concurrent request after this statement's snapshot
         async with sessions() as db:
-            status = (
-                await db.execute(
-                    text("SELECT status FROM sessions WHERE id = :id"), {"id": session_id}
-                )
-            ).scalar_one()
+            row = (
+                await db.execute(text("SELECT status, tenant FROM sessions WHERE id = :id"), params)
+            ).one()
+    status, owner = row
+    if tenant is not None and owner != tenant:
+        raise session_not_found(session_id)
     if status != "open":
         raise APIError(
             409,

@@ -46,13 +46,58 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_register(args: argparse.Namespace) -> int:
     from rlgw.database import resolve_database_url
     from rlgw.db.engine import make_sync_engine, sync_session_factory
-    from rlgw.registry import register_backend
+    from rlgw.registry import RegistrationError, register_backend
+
+    settings = Settings()
+    engine = make_sync_engine(resolve_database_url(settings))
+    try:
+        backend_id = register_backend(
+            sync_session_factory(engine),
+            args.model,
+            args.url,
+            model_path=args.path,
+            allowlist=settings.backend_allowlist,
+            trust_target=args.skip_allowlist,
+        )
+    except RegistrationError as exc:
+        print(f"[rlgw] not registered: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    print(f"[rlgw] backend {backend_id}: {args.url} serves {args.model}")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from rlgw import agent_keys
+    from rlgw.database import resolve_database_url
+    from rlgw.db.engine import make_sync_engine, sync_session_factory
 
     engine = make_sync_engine(resolve_database_url(Settings()))
-    backend_id = register_backend(
-        sync_session_factory(engine), args.model, args.url, model_path=args.path
-    )
-    print(f"[rlgw] backend {backend_id}: {args.url} serves {args.model}")
+    try:
+        with sync_session_factory(engine)() as db, db.begin():
+            if args.action == "create":
+                row, key = agent_keys.mint(db, args.tenant, args.name)
+                if args.quiet:
+                    print(key)
+                else:
+                    print(f"[rlgw] agent key {row.id} of tenant {row.tenant} (shown once):")
+                    print(key)
+            elif args.action == "list":
+                for row in agent_keys.list_keys(db, args.tenant):
+                    state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "live"
+                    print(f"{row.id}  {row.tenant}  {row.hint}...  {state}  {row.name or ''}")
+            else:
+                row = agent_keys.revoke(db, args.id)
+                if row is None:
+                    print(f"[rlgw] no agent key {args.id}", file=sys.stderr)
+                    return 1
+                print(f"[rlgw] agent key {row.id} revoked, with its session tokens")
+    except ValueError as exc:
+        print(f"[rlgw] {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
     return 0
 
 
@@ -180,6 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model name the server serves")
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8100")
     p.add_argument("--path", default=None, help="the model's base checkpoint directory")
+    p.add_argument(
+        "--skip-allowlist",
+        action="store_true",
+        help="register a URL outside RLGW_BACKEND_ALLOWLIST (the other network rules still apply)",
+    )
+
+    p = add("keys", cmd_keys, "Mint, list or revoke agent keys (each bound to one tenant).")
+    p.add_argument("action", choices=["create", "list", "revoke"])
+    p.add_argument("--tenant", help="create: the key's tenant (required); list: only this one")
+    p.add_argument("--name", default=None, help="create: a label for the key")
+    p.add_argument("--id", help="revoke: the key's id (ak_...)")
+    p.add_argument("--quiet", action="store_true", help="create: print the key alone")
 
     p = add("export", cmd_export, "Write session trajectories as JSON Lines (one per session).")
     which = p.add_mutually_exclusive_group(required=True)
@@ -222,7 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "keys" and args.action == "create" and not args.tenant:
+        parser.error("keys create needs --tenant")
+    if args.command == "keys" and args.action == "revoke" and not args.id:
+        parser.error("keys revoke needs --id")
     if args.command == "db" and args.revision is None:
         args.revision = "head" if args.action == "upgrade" else "base"
     sys.exit(args.handler(args))

@@ -11,6 +11,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ADMIN_KEY = "change-me"
+DEFAULT_TOKEN_SECRET = "change-me-token-secret"
+# Networks a backend may live on when RLGW_BACKEND_ALLOWLIST is not set: this machine only.
+DEFAULT_BACKEND_ALLOWLIST = "127.0.0.0/8,::1/128"
 
 
 def is_loopback_host(host: str) -> bool:
@@ -47,6 +50,53 @@ class Settings(BaseSettings):
     admin_key: str = Field(
         default=DEFAULT_ADMIN_KEY,
         description="Key for /admin/* and other control endpoints (Bearer or X-Admin-Key).",
+    )
+    auth: Literal["on", "off"] = Field(
+        default="on",
+        description="on: every agent call needs an agent key or a session token, and sessions "
+        "belong to the key's tenant. off: the open mode for local use (no keys, no tenants); "
+        "refused on a non-loopback bind.",
+    )
+    token_secret: str = Field(
+        default=DEFAULT_TOKEN_SECRET,
+        description="HS256 secret that signs session tokens (required when auth is on). On a "
+        "loopback bind the default is replaced by a random per-process secret; a non-loopback "
+        "bind refuses an empty or default one. Set the same value on every replica.",
+    )
+    session_token_max_ttl_s: int = Field(
+        default=86_400, gt=0, description="Longest lifetime a session token may be minted with."
+    )
+    auth_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a replica caches a verified agent key. A revocation takes effect at "
+        "once on the replica that served it and within this time on the others.",
+    )
+    backend_allowlist: str = Field(
+        default=DEFAULT_BACKEND_ALLOWLIST,
+        description="Where backends may be registered: comma-separated networks (CIDR or single "
+        "addresses) and host names. A target's resolved addresses must all fall in a listed "
+        "network, or its name must be listed. Link-local (cloud metadata) addresses need a "
+        "network entry inside 169.254.0.0/16 or fe80::/10 even then.",
+    )
+    max_tokens_cap: int = Field(
+        default=32_768,
+        gt=0,
+        description="Largest max_tokens / max_completion_tokens a request may ask for (400 above).",
+    )
+    rate_limit_rps: float = Field(
+        default=100.0,
+        ge=0,
+        description="Sustained requests per second per key (token bucket; 0 disables, explicitly). "
+        "With auth off, per client address. Each replica enforces its own bucket.",
+    )
+    rate_limit_burst: int = Field(
+        default=200, gt=0, description="Bucket size: requests a key may send at once."
+    )
+    max_concurrency_per_key: int = Field(
+        default=128,
+        ge=0,
+        description="Requests one key may have in flight at once in a replica (0 disables).",
     )
     upstream_timeout_s: float = Field(
         default=600.0, gt=0, description="Read timeout for one backend response."
@@ -101,12 +151,33 @@ class Settings(BaseSettings):
             raise ValueError("RLGW_DATABASE_URL must be a postgresql:// URL")
         return url
 
+    @field_validator("backend_allowlist")
+    @classmethod
+    def _parse_allowlist(cls, value: str) -> str:
+        from rlgw.netguard import parse_allowlist
+
+        parse_allowlist(value)  # raises ValueError on a malformed entry
+        return value
+
     @model_validator(mode="after")
     def _refuse_unsafe_exposure(self) -> Settings:
-        if not is_loopback_host(self.host) and self.admin_key in ("", DEFAULT_ADMIN_KEY):
+        if is_loopback_host(self.host):
+            return self
+        if self.admin_key in ("", DEFAULT_ADMIN_KEY):
             raise ValueError(
                 f"refusing to bind {self.host} with an empty or default admin key: "
                 "set RLGW_ADMIN_KEY to a long random secret"
+            )
+        if self.auth == "off":
+            raise ValueError(
+                f"refusing to bind {self.host} with RLGW_AUTH=off: the open mode is for "
+                "loopback binds only"
+            )
+        if self.token_secret == DEFAULT_TOKEN_SECRET or len(self.token_secret) < 32:
+            raise ValueError(
+                f"refusing to bind {self.host} with a default or short token secret: "
+                "set RLGW_TOKEN_SECRET to a random secret of at least 32 characters (the same "
+                "on every replica)"
             )
         return self
 

@@ -17,10 +17,20 @@ from rlgw.settings import Settings
 
 def _banner(settings: Settings, model: str) -> str:
     base = settings.base_url
-    return f"""
-[rlgw] ready. Point any OpenAI client at {base}/v1 (model "{model}"), e.g.
+    if settings.auth == "on":
+        auth = """
+  auth is on (RLGW_AUTH=on): agent calls need an agent key. Mint one (it is shown once):
 
-    curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d \\
+    export RLGW_API_KEY=$(rlgw keys create --tenant local --quiet)
+"""
+        bearer = ' -H "Authorization: Bearer $RLGW_API_KEY"'
+    else:
+        auth = "\n  auth is off (RLGW_AUTH=off): open loopback mode, no keys, no tenants\n"
+        bearer = ""
+    return f"""
+[rlgw] ready. Point any OpenAI client at {base}/v1 (model "{model}").
+{auth}
+    curl -s {base}/v1/chat/completions{bearer} -H 'Content-Type: application/json' -d \\
       '{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 16}}'
 
   per-session base URL: {base}/sessions/<session-id>/v1
@@ -58,7 +68,11 @@ def run_up(settings: Settings, *, backend_port: int, preset: str, seed: int) -> 
         wait_healthy(backend_url, proc=backend)
         engine = make_sync_engine(url)
         register_backend(
-            sync_session_factory(engine), model, backend_url, model_path=str(model_dir)
+            sync_session_factory(engine),
+            model,
+            backend_url,
+            model_path=str(model_dir),
+            allowlist=settings.backend_allowlist,
         )
         engine.dispose()
         trainer = start_trainer(settings, model)

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SERVICES = {"postgres", "vllm", "gateway", "trainer"}
 ADMIN_KEY = "compose-test-admin-key-0123456789"
+TOKEN_SECRET = "compose-test-token-secret-0123456789"
 NOT_INSTALLED = "docker-compose not installed: apt-get install docker-compose"
 TOOLS = {"docker-compose": ["docker-compose"], "docker compose": ["docker", "compose"]}
 
@@ -49,13 +50,20 @@ def compose(request: pytest.FixtureRequest) -> list[str]:
     return TOOLS[tool]
 
 
-def _run_config(compose: list[str], tmp_path: Path, admin_key: str | None):
+def _run_config(
+    compose: list[str],
+    tmp_path: Path,
+    admin_key: str | None,
+    token_secret: str | None = TOKEN_SECRET,
+):
     """`<compose> config` on our file with a clean environment and an empty env file."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("RLGW_", "POSTGRES_", "COMPOSE_"))
     }
     if admin_key is not None:
         env["RLGW_ADMIN_KEY"] = admin_key
+    if token_secret is not None:
+        env["RLGW_TOKEN_SECRET"] = token_secret
     env_file = tmp_path / "empty.env"  # ignore a developer's ./.env
     env_file.write_text("")
     argv = [
@@ -169,3 +177,17 @@ def test_admin_key_required(compose: list[str], tmp_path: Path) -> None:
     result = _run_config(compose, tmp_path, admin_key=None)
     assert result.returncode != 0, "config must fail without RLGW_ADMIN_KEY"
     assert "RLGW_ADMIN_KEY" in result.stdout + result.stderr
+
+
+def test_token_secret_required(compose: list[str], tmp_path: Path) -> None:
+    result = _run_config(compose, tmp_path, ADMIN_KEY, token_secret=None)
+    assert result.returncode != 0, "config must fail without RLGW_TOKEN_SECRET"
+    assert "RLGW_TOKEN_SECRET" in result.stdout + result.stderr
+
+
+def test_gateway_runs_with_auth_and_an_allowlisted_backend(config: dict[str, Any]) -> None:
+    gateway = _env(config["services"]["gateway"])
+    assert gateway["RLGW_TOKEN_SECRET"] == TOKEN_SECRET
+    assert "RLGW_AUTH" not in gateway or gateway["RLGW_AUTH"] == "on"
+    register = _env(config["services"]["register"])
+    assert register["RLGW_BACKEND_ALLOWLIST"] == "vllm"

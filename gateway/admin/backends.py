@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from pydantic import BaseModel
 from sqlalchemy import select
 
@@ -17,6 +17,8 @@ from ..deps import AdminDep, ContextDep, DbDep
 from ..errors import APIError
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+# Backend ids are Postgres integers: a larger number is a 422, not a database error.
+BackendId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
 class BackendPublic(BaseModel):
@@ -87,14 +89,14 @@ async def list_backends(db: DbDep, ctx: ContextDep) -> list[BackendPublic]:
 
 
 @router.post("/backends/{backend_id}/drain", response_model=BackendPublic)
-async def drain_backend(backend_id: int, db: DbDep, ctx: ContextDep) -> BackendPublic:
+async def drain_backend(backend_id: BackendId, db: DbDep, ctx: ContextDep) -> BackendPublic:
     """Take the backend out of routing; requests already on it finish."""
     await _existing(db, backend_id)
     return await _change(db, ctx, backend_id, backend_state.DRAINING, "drained by an admin")
 
 
 @router.post("/backends/{backend_id}/resume", response_model=BackendPublic)
-async def resume_backend(backend_id: int, db: DbDep, ctx: ContextDep) -> BackendPublic:
+async def resume_backend(backend_id: BackendId, db: DbDep, ctx: ContextDep) -> BackendPublic:
     """Put the backend back into routing, only if it serves exactly the version on record."""
     backend = await _existing(db, backend_id)
     if backend.served_version is None:

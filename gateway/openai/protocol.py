@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 
 class ChatMessage(BaseModel):
@@ -21,13 +21,19 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class _GenerationRequest(BaseModel):
+class GenerationRequest(BaseModel):
     """Fields shared by both generation APIs, OpenAI's first, then vLLM's extensions."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=256)
     n: int | None = Field(default=None, description="Only n=1 is recorded per request for now.")
+    max_tokens: StrictInt | None = Field(
+        default=None, ge=1, description="At most RLGW_MAX_TOKENS_CAP (400 above)."
+    )
+    max_completion_tokens: StrictInt | None = Field(
+        default=None, ge=1, description="At most RLGW_MAX_TOKENS_CAP (400 above)."
+    )
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = Field(
@@ -45,13 +51,13 @@ class _GenerationRequest(BaseModel):
         return n
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = None

@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
 
+from ..auth import Caller, CallerDep
 from ..deps import ContextDep, header_session_id
-from ..errors import OPENAI_TAG
-from .protocol import ChatCompletionRequest, CompletionRequest
+from ..errors import OPENAI_TAG, APIError
+from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .shaping import CHAT, COMPLETIONS
 
 router = APIRouter(tags=[OPENAI_TAG])
@@ -29,17 +30,52 @@ async def _raw_body(request: Request) -> dict[str, Any]:
     return await request.json()
 
 
+def check_limits(body: GenerationRequest, cap: int) -> None:
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(body, name)
+        if value is not None and value > cap:
+            raise APIError(
+                400,
+                f"{name} {value} exceeds this gateway's cap of {cap} (RLGW_MAX_TOKENS_CAP)",
+                code="max_tokens_too_large",
+                param=name,
+            )
+
+
+async def _generate(
+    api: str,
+    body: GenerationRequest,
+    request: Request,
+    ctx: ContextDep,
+    caller: Caller,
+    session_id: str | None,
+    idempotency_key: str | None,
+):
+    if caller.session_id is not None and session_id is None:
+        session_id = caller.session_id  # a session token always works in its own session
+    if session_id is not None:
+        caller.require_session(session_id, "completions")
+    check_limits(body, ctx.settings.max_tokens_cap)
+    return await ctx.proxy.generate(
+        api,
+        await _raw_body(request),
+        session_id,
+        idempotency_key,
+        request.receive,
+        tenant=caller.tenant,
+    )
+
+
 @router.post("/v1/chat/completions", summary="Chat completion (recorded)")
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
     ctx: ContextDep,
+    caller: CallerDep,
     session_id: HeaderSession,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await ctx.proxy.generate(
-        CHAT, await _raw_body(request), session_id, idempotency_key, request.receive
-    )
+    return await _generate(CHAT, body, request, ctx, caller, session_id, idempotency_key)
 
 
 @router.post("/sessions/{session_id}/v1/chat/completions", summary="Chat completion in a session")
@@ -48,11 +84,10 @@ async def session_chat_completions(
     body: ChatCompletionRequest,
     request: Request,
     ctx: ContextDep,
+    caller: CallerDep,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await ctx.proxy.generate(
-        CHAT, await _raw_body(request), session_id, idempotency_key, request.receive
-    )
+    return await _generate(CHAT, body, request, ctx, caller, session_id, idempotency_key)
 
 
 @router.post("/v1/completions", summary="Text completion (recorded)")
@@ -60,12 +95,11 @@ async def completions(
     body: CompletionRequest,
     request: Request,
     ctx: ContextDep,
+    caller: CallerDep,
     session_id: HeaderSession,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await ctx.proxy.generate(
-        COMPLETIONS, await _raw_body(request), session_id, idempotency_key, request.receive
-    )
+    return await _generate(COMPLETIONS, body, request, ctx, caller, session_id, idempotency_key)
 
 
 @router.post("/sessions/{session_id}/v1/completions", summary="Text completion in a session")
@@ -74,11 +108,10 @@ async def session_completions(
     body: CompletionRequest,
     request: Request,
     ctx: ContextDep,
+    caller: CallerDep,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await ctx.proxy.generate(
-        COMPLETIONS, await _raw_body(request), session_id, idempotency_key, request.receive
-    )
+    return await _generate(COMPLETIONS, body, request, ctx, caller, session_id, idempotency_key)
 
 
 def _model_list(ctx: ContextDep) -> dict[str, Any]:
@@ -93,10 +126,13 @@ def _model_list(ctx: ContextDep) -> dict[str, Any]:
 
 
 @router.get("/v1/models", summary="Models served through the gateway")
-async def list_models(ctx: ContextDep) -> dict[str, Any]:
+async def list_models(ctx: ContextDep, caller: CallerDep) -> dict[str, Any]:
     return _model_list(ctx)
 
 
 @router.get("/sessions/{session_id}/v1/models", summary="Models (per-session base URL)")
-async def session_list_models(session_id: str, ctx: ContextDep) -> dict[str, Any]:
+async def session_list_models(
+    session_id: str, ctx: ContextDep, caller: CallerDep
+) -> dict[str, Any]:
+    caller.require_session(session_id, "completions")
     return _model_list(ctx)

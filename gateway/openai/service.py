@@ -106,12 +106,16 @@ class ProxyService:
         session_id: str | None,
         idempotency_key: str | None = None,
         receive: Any = None,
+        *,
+        tenant: str | None = None,
     ):
         """Serve one generation request. `receive` is the ASGI receive channel, watched for the
-        client hanging up while a non-streamed answer is being generated."""
+        client hanging up while a non-streamed answer is being generated. With a `tenant`, a
+        named session must be that tenant's (or new, and then it becomes that tenant's); a new
+        implicit session is that tenant's too."""
         record_id = _ID_PREFIX[api] + uuid.uuid4().hex
         if session_id is not None:
-            await open_session(self._sessions, session_id)
+            await open_session(self._sessions, session_id, tenant)
         call = _Call(
             api=api,
             body=body,
@@ -120,6 +124,7 @@ class ProxyService:
                 id=record_id,
                 session_id=session_id or implicit_session_id(record_id),
                 implicit_session=session_id is None,
+                tenant=tenant,
                 api=api,
                 model=body["model"],
                 stream=bool(body.get("stream")),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
+from pydantic import BaseModel, Field
 
 from rlgw.trajectory import RewardOut, Trajectory, load_trajectory
 
+from ..auth import DEFAULT_TOKEN_SCOPES, SCOPES, CallerDep
 from ..deps import ContextDep, DbDep
 from ..errors import APIError, ErrorResponse
 from . import service
@@ -41,19 +43,26 @@ GatewayUrl = Annotated[str, Depends(gateway_url)]
 
 @router.post("", status_code=201, response_model=SessionPublic)
 async def create_session(
-    body: SessionCreate, db: DbDep, ctx: ContextDep, url: GatewayUrl
+    body: SessionCreate, db: DbDep, ctx: ContextDep, url: GatewayUrl, caller: CallerDep
 ) -> SessionPublic:
-    return service.public(await service.create_session(db, body, ctx.settings), url)
+    caller.require_unscoped("create sessions")
+    return service.public(await service.create_session(db, body, ctx.settings, caller.tenant), url)
 
 
 @router.get("/{session_id}", response_model=SessionDetail)
-async def read_session(session_id: SessionId, db: DbDep, url: GatewayUrl) -> SessionDetail:
-    return await service.session_detail(db, session_id, url)
+async def read_session(
+    session_id: SessionId, db: DbDep, url: GatewayUrl, caller: CallerDep
+) -> SessionDetail:
+    caller.require_session(session_id, "read")
+    return await service.session_detail(db, session_id, url, caller.tenant)
 
 
 @router.post("/{session_id}/close", response_model=SessionPublic)
-async def close_session(session_id: SessionId, db: DbDep, url: GatewayUrl) -> SessionPublic:
-    return service.public(await service.close_session(db, session_id), url)
+async def close_session(
+    session_id: SessionId, db: DbDep, url: GatewayUrl, caller: CallerDep
+) -> SessionPublic:
+    caller.require_session(session_id, "close")
+    return service.public(await service.close_session(db, session_id, caller.tenant), url)
 
 
 @router.post(
@@ -67,18 +76,84 @@ async def post_reward(
     body: RewardCreate,
     db: DbDep,
     response: Response,
+    caller: CallerDep,
     idempotency_key: IdempotencyKey = None,
 ) -> RewardOut:
-    reward, created = await service.add_reward(db, session_id, body, idempotency_key)
+    caller.require_session(session_id, "rewards")
+    reward, created = await service.add_reward(db, session_id, body, idempotency_key, caller.tenant)
     if not created:
         response.status_code = 200
     return reward
 
 
 @router.get("/{session_id}/trajectory", response_model=Trajectory)
-async def read_trajectory(session_id: SessionId, db: DbDep) -> Trajectory:
+async def read_trajectory(session_id: SessionId, db: DbDep, caller: CallerDep) -> Trajectory:
+    caller.require_session(session_id, "read")
+    await service.visible_session(db, session_id, caller.tenant)
     now = datetime.now(UTC)
     trajectory = await db.run_sync(lambda s: load_trajectory(s, session_id, now))
     if trajectory is None:
         raise APIError(404, f"no session {session_id}", code="session_not_found")
     return trajectory
+
+
+Scope = Literal["completions", "read", "close", "rewards"]
+
+
+class TokenRequest(BaseModel):
+    ttl_s: int = Field(
+        default=3600,
+        ge=1,
+        description="Lifetime in seconds (at most RLGW_SESSION_TOKEN_MAX_TTL_S).",
+    )
+    scopes: list[Scope] = Field(
+        default=list(DEFAULT_TOKEN_SCOPES),
+        min_length=1,
+        max_length=len(SCOPES),
+        description="What the token may do in the session. Default: completions and read; "
+        "close and rewards stay with the harness unless granted.",
+    )
+
+
+class TokenOut(BaseModel):
+    token: str = Field(description="Send as `Authorization: Bearer <token>` (the OpenAI api_key).")
+    expires_at: datetime
+    base_url: str = Field(description="The session's OpenAI base URL, to use with the token.")
+    session_id: str
+    scopes: list[str]
+
+
+@router.post("/{session_id}/token", status_code=201, response_model=TokenOut)
+async def mint_session_token(
+    session_id: SessionId,
+    db: DbDep,
+    ctx: ContextDep,
+    url: GatewayUrl,
+    caller: CallerDep,
+    body: TokenRequest | None = None,
+) -> TokenOut:
+    """A token that reaches this one session only, to hand to an agent with its base URL."""
+    body = body or TokenRequest()
+    caller.require_unscoped("mint session tokens")
+    if caller.key_id is None:
+        raise APIError(
+            400,
+            "session tokens need RLGW_AUTH=on: with auth off nothing checks them",
+            code="auth_disabled",
+        )
+    if body.ttl_s > ctx.settings.session_token_max_ttl_s:
+        raise APIError(
+            400,
+            f"ttl_s above {ctx.settings.session_token_max_ttl_s} (RLGW_SESSION_TOKEN_MAX_TTL_S)",
+            code="ttl_too_long",
+            param="ttl_s",
+        )
+    await service.visible_session(db, session_id, caller.tenant)
+    token, expires_at = ctx.auth.mint_token(caller, session_id, body.ttl_s, tuple(body.scopes))
+    return TokenOut(
+        token=token,
+        expires_at=expires_at,
+        base_url=f"{url}/sessions/{session_id}/v1",
+        session_id=session_id,
+        scopes=sorted(set(body.scopes)),
+    )

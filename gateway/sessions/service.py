@@ -14,12 +14,24 @@ from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
 from rlgw.settings import Settings
 from rlgw.trajectory import RewardOut
 
-from ..errors import APIError
+from ..errors import APIError, session_not_found
 from .protocol import CompletionSummary, RewardCreate, SessionCreate, SessionDetail, SessionPublic
 
 
 def _not_found(session_id: str) -> APIError:
-    return APIError(404, f"no session {session_id}", code="session_not_found")
+    return session_not_found(session_id)
+
+
+def _visible(session: AgentSession | None, tenant: str | None) -> bool:
+    """A session exists for a caller of `tenant` (None: auth off, every session does)."""
+    return session is not None and (tenant is None or session.tenant == tenant)
+
+
+async def visible_session(db: AsyncSession, session_id: str, tenant: str | None) -> AgentSession:
+    session = await db.get(AgentSession, session_id)
+    if not _visible(session, tenant):
+        raise _not_found(session_id)
+    return session
 
 
 def public(session: AgentSession, gateway_url: str) -> SessionPublic:
@@ -36,13 +48,16 @@ def public(session: AgentSession, gateway_url: str) -> SessionPublic:
     )
 
 
-async def _join_group(db: AsyncSession, body: SessionCreate, settings: Settings) -> None:
+async def _join_group(
+    db: AsyncSession, body: SessionCreate, settings: Settings, tenant: str | None
+) -> None:
     assert body.group_id is not None
     now = datetime.now(UTC)
     await db.execute(
         insert(SessionGroup)
         .values(
             id=body.group_id,
+            tenant=tenant,
             normalization=body.normalization or settings.reward_normalization,
             expected_size=body.group_size,
             deadline_at=now + timedelta(seconds=settings.group_deadline_s),
@@ -54,6 +69,14 @@ async def _join_group(db: AsyncSession, body: SessionCreate, settings: Settings)
             select(SessionGroup).where(SessionGroup.id == body.group_id).with_for_update()
         )
     ).scalar_one()
+    if tenant is not None and group.tenant != tenant:
+        # Another tenant's sessions would share (and skew) its reward normalization.
+        raise APIError(
+            409,
+            f"group id {group.id} is not available: choose another",
+            code="group_unavailable",
+            param="group_id",
+        )
     if body.normalization and body.normalization != group.normalization:
         raise APIError(
             409,
@@ -71,11 +94,13 @@ async def _join_group(db: AsyncSession, body: SessionCreate, settings: Settings)
     group.expected_size = body.group_size or group.expected_size
 
 
-async def create_session(db: AsyncSession, body: SessionCreate, settings: Settings) -> AgentSession:
+async def create_session(
+    db: AsyncSession, body: SessionCreate, settings: Settings, tenant: str | None = None
+) -> AgentSession:
     session_id = body.id or f"sess-{uuid.uuid4().hex}"
     async with db.begin():
         if body.group_id is not None:
-            await _join_group(db, body, settings)
+            await _join_group(db, body, settings, tenant)
         created = (
             await db.execute(
                 insert(AgentSession)
@@ -85,6 +110,7 @@ async def create_session(db: AsyncSession, body: SessionCreate, settings: Settin
                     task_id=body.task_id,
                     meta=body.metadata,
                     train=body.train,
+                    tenant=tenant,
                 )
                 .on_conflict_do_nothing()
                 .returning(AgentSession.id)
@@ -95,10 +121,10 @@ async def create_session(db: AsyncSession, body: SessionCreate, settings: Settin
     return await db.get(AgentSession, session_id)
 
 
-async def session_detail(db: AsyncSession, session_id: str, gateway_url: str) -> SessionDetail:
-    session = await db.get(AgentSession, session_id)
-    if session is None:
-        raise _not_found(session_id)
+async def session_detail(
+    db: AsyncSession, session_id: str, gateway_url: str, tenant: str | None = None
+) -> SessionDetail:
+    session = await visible_session(db, session_id, tenant)
     completions = (
         await db.execute(
             select(
@@ -129,14 +155,16 @@ async def session_detail(db: AsyncSession, session_id: str, gateway_url: str) ->
     )
 
 
-async def close_session(db: AsyncSession, session_id: str) -> AgentSession:
+async def close_session(
+    db: AsyncSession, session_id: str, tenant: str | None = None
+) -> AgentSession:
     async with db.begin():
         session = (
             await db.execute(
                 select(AgentSession).where(AgentSession.id == session_id).with_for_update()
             )
         ).scalar_one_or_none()
-        if session is None:
+        if not _visible(session, tenant):
             raise _not_found(session_id)
         if session.status == "open":  # closing twice is harmless
             session.status = "closed"
@@ -196,7 +224,11 @@ async def _target_completion(db: AsyncSession, session_id: str, completion_id: s
 
 
 async def add_reward(
-    db: AsyncSession, session_id: str, body: RewardCreate, idempotency_key: str | None
+    db: AsyncSession,
+    session_id: str,
+    body: RewardCreate,
+    idempotency_key: str | None,
+    tenant: str | None = None,
 ) -> tuple[RewardOut, bool]:
     """Store a reward once per idempotency key; returns it and whether it was new."""
     async with db.begin():
@@ -205,7 +237,7 @@ async def add_reward(
                 select(AgentSession).where(AgentSession.id == session_id).with_for_update()
             )
         ).scalar_one_or_none()
-        if session is None:
+        if not _visible(session, tenant):
             raise _not_found(session_id)
         if idempotency_key is not None:
             earlier = (

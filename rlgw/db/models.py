@@ -108,6 +108,9 @@ class SessionGroup(Base):
     __tablename__ = "groups"
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant: Mapped[str | None] = mapped_column(
+        String(64), comment="tenant of the key that created it; only its sessions may join"
+    )
     normalization: Mapped[str] = mapped_column(String(16), comment="none|mean|mean_std")
     expected_size: Mapped[int | None] = mapped_column(
         Integer, comment="sessions the group waits for before it can be trained on"
@@ -133,6 +136,9 @@ class AgentSession(Base):
         ForeignKey("groups.id", ondelete="SET NULL"), index=True
     )
     task_id: Mapped[str | None] = mapped_column(String(256))
+    tenant: Mapped[str | None] = mapped_column(
+        String(64), comment="tenant of the agent key that created it; null: created with auth off"
+    )
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict, server_default="{}")
     train: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
     implicit: Mapped[bool] = mapped_column(
@@ -252,3 +258,22 @@ class Reward(Base):
         String(64), comment="digest of the posted body, to refuse a reused key with another body"
     )
     created_at: Mapped[datetime] = _now()
+
+
+class AgentKey(Base):
+    """A credential for the agent surfaces, bound to one tenant. Only its SHA-256 is stored."""
+
+    __tablename__ = "agent_keys"
+    __table_args__ = (Index(None, "tenant"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(128))
+    key_hash: Mapped[str] = mapped_column(
+        String(64), unique=True, comment="hex SHA-256 of the key; the key itself is never stored"
+    )
+    hint: Mapped[str] = mapped_column(
+        String(16), comment="the key's first characters, to tell keys apart"
+    )
+    created_at: Mapped[datetime] = _now()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
