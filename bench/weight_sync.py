@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,6 +76,18 @@ def wait_for_memory(need_gib: float, max_wait_s: float = 900) -> None:
         time.sleep(15)
 
 
+def group_rss_gib(pgid: int) -> float:
+    """Resident memory of every process in the server's process group (it leads its own)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # field 5 of stat: the process group
+                total += int((stat.parent / "statm").read_text().split()[1]) * page
+    return total / 2**30
+
+
 def machine() -> dict:
     info = {
         "node": platform.node(),
@@ -108,11 +121,52 @@ def first_request(http: httpx.Client, url: str) -> None:
     reply.raise_for_status()
 
 
-def start_and_time(model_dir: Path, port: int, log_path: Path, http: httpx.Client):
+class LatencyProbe:
+    """Short requests sent back to back from a thread: what a client of this backend sees while
+    a stage runs (a worker call holds vLLM's engine loop, so requests wait for it)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.spans: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=900.0) as http:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                body = {"model": SERVED_NAME, "prompt": list(PROBE_TOKEN_IDS[:8]), "max_tokens": 2}
+                http.post(f"{self.url}/v1/completions", json=body).raise_for_status()
+                self.spans.append((t0, time.perf_counter()))
+
+    def __enter__(self) -> LatencyProbe:
+        self._thread.start()
+        time.sleep(1.0)  # a few requests before, for the usual latency
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=900)
+
+    def during(self, start: float, end: float) -> dict:
+        before = [b - a for a, b in self.spans if b < start]
+        overlapping = [b - a for a, b in self.spans if a < end and b > start]
+        return {
+            "usual_latency_s": statistics.median(before) if before else None,
+            "max_latency_during_s": max(overlapping) if overlapping else None,
+        }
+
+
+def start_and_time(
+    model_dir: Path, port: int, log_path: Path, http: httpx.Client, worker_extension: str | None
+):
     """(process, seconds to healthy, seconds for the first request after healthy)."""
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
-    proc = start_backend(model_dir, port, served_model_name=SERVED_NAME, log_path=log_path)
+    kwargs = {"worker_extension": worker_extension} if worker_extension else {}
+    proc = start_backend(
+        model_dir, port, served_model_name=SERVED_NAME, log_path=log_path, **kwargs
+    )
     try:
         wait_healthy(url, timeout_s=900, proc=proc)
         t_healthy = time.perf_counter()
@@ -154,12 +208,18 @@ def save_checkpoint(model: torch.nn.Module, base_dir: Path, out_dir: Path) -> No
             shutil.copy2(path, out_dir / path.name)
 
 
-def one_swap(vllm: VllmControl, http: httpx.Client, url: str, path: Path, reference) -> dict:
+def one_swap(
+    vllm: VllmControl, http: httpx.Client, url: str, path: Path, reference, pgid: int
+) -> dict:
     """Stage, pause, apply, reset cache, resume, verify, commit; seconds for each step."""
     steps: dict[str, float] = {}
-    t = time.perf_counter()
-    staged = vllm.rpc("rlgw_stage", path=str(path), kind="delta")
-    steps["stage"] = time.perf_counter() - t
+    with LatencyProbe(url) as probe:
+        t = time.perf_counter()
+        staged = vllm.rpc("rlgw_stage", path=str(path), kind="delta")
+        t_staged = time.perf_counter()
+    steps["stage"] = t_staged - t
+    stall = probe.during(t, t_staged)
+    rss_staged = group_rss_gib(pgid)
 
     t_pause = time.perf_counter()
     vllm.pause("wait")
@@ -178,6 +238,7 @@ def one_swap(vllm: VllmControl, http: httpx.Client, url: str, path: Path, refere
     t_verified = time.perf_counter()
     steps["parity"] = t_verified - t_resumed
     diff = served.max_abs_diff(reference)
+    rss_applied = group_rss_gib(pgid)
     if diff <= PARITY_TOL:
         vllm.rpc("rlgw_commit")
     else:  # what the coordinator would do: take the old weights back
@@ -191,6 +252,12 @@ def one_swap(vllm: VllmControl, http: httpx.Client, url: str, path: Path, refere
         "out_of_service_s": t_verified - t_pause,
         "parity_max_diff": diff,
         "parity_ok": diff <= PARITY_TOL,
+        "stage_stall": stall,
+        "server_rss_gib": {
+            "after_stage": rss_staged,
+            "after_apply": rss_applied,
+            "after_commit": group_rss_gib(pgid),
+        },
         "greedy_token_matches": served.next_token == reference.next_token,
         "worker_stage": staged[0] if staged else None,
         "worker_apply": applied[0] if applied else None,
@@ -221,7 +288,9 @@ def bench_preset(preset: str, work: Path, args, http: httpx.Client) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log(f"{preset}: starting vLLM on port {port} (log {pdir / 'vllm-1.log'})")
-    proc, healthy_s, first_s = start_and_time(model_dir, port, pdir / "vllm-1.log", http)
+    proc, healthy_s, first_s = start_and_time(
+        model_dir, port, pdir / "vllm-1.log", http, args.worker_extension
+    )
     result: dict = {
         "preset": preset,
         "params": n_params,
@@ -236,23 +305,31 @@ def bench_preset(preset: str, work: Path, args, http: httpx.Client) -> dict:
         vllm = VllmControl(http, url)
         base_diff = served_scores(http, url, SERVED_NAME).max_abs_diff(base_scores)
         result["base_parity_max_diff"] = base_diff
+        result["server_rss_gib_before_swaps"] = group_rss_gib(proc.pid)
         log(f"{preset}: base weights parity {base_diff:.2e}")
         for i in range(args.repeats):
             sign = 1 if i % 2 == 0 else -1
             add_to(reference_model, delta, sign)  # the trainer's side, before the swap
             reference = reference_scores(reference_model)
             log(f"{preset}: swap {i + 1}/{args.repeats} ({'+' if sign > 0 else '-'}delta)")
-            swap = one_swap(vllm, http, url, plus if sign > 0 else minus, reference)
+            swap = one_swap(vllm, http, url, plus if sign > 0 else minus, reference, proc.pid)
             swaps.append(swap)
-            apply_info = swap["worker_apply"] or {}
-            phases = apply_info.get("phases", {})
             log(
                 f"{preset}:   stage {swap['steps']['stage']:.3f}s  apply "
                 f"{swap['steps']['apply']:.3f}s  pause window {swap['pause_window_s']:.3f}s  "
                 f"out of service {swap['out_of_service_s']:.3f}s  parity "
-                f"{swap['parity_max_diff']:.2e}  phases "
-                + " ".join(f"{k} {v:.3f}" for k, v in phases.items())
+                f"{swap['parity_max_diff']:.2e}  request latency during stage "
+                f"{swap['stage_stall']['max_latency_during_s'] or 0:.3f}s  server RSS "
+                + " / ".join(f"{v:.2f}" for v in swap["server_rss_gib"].values())
+                + " GiB (staged / applied / committed)"
             )
+            for step in ("stage", "apply"):
+                phases = (swap[f"worker_{step}"] or {}).get("phases", {})
+                if phases:
+                    log(
+                        f"{preset}:     worker {step} phases: "
+                        + "  ".join(f"{k} {v:.3f}" for k, v in phases.items())
+                    )
             if not swap["parity_ok"]:
                 add_to(reference_model, delta, -sign)  # the server rolled back
         log(f"{preset}: stopping the server")
@@ -276,7 +353,9 @@ def bench_preset(preset: str, work: Path, args, http: httpx.Client) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log(f"{preset}: restart: starting vLLM with the new weights on port {port}")
-    proc, healthy_s, first_s = start_and_time(new_dir, port, pdir / "vllm-2.log", http)
+    proc, healthy_s, first_s = start_and_time(
+        new_dir, port, pdir / "vllm-2.log", http, args.worker_extension
+    )
     try:
         diff = served_scores(http, url, SERVED_NAME).max_abs_diff(final_scores)
     finally:
@@ -300,6 +379,7 @@ def summarise(result: dict) -> None:
 
     result["summary"] = {
         "stage_s": stat([s["steps"]["stage"] for s in swaps]),
+        "stage_stall_s": stat([s["stage_stall"]["max_latency_during_s"] or 0.0 for s in swaps]),
         "apply_s": stat([s["steps"]["apply"] for s in swaps]),
         "pause_window_s": stat([s["pause_window_s"] for s in swaps]),
         "out_of_service_s": stat([s["out_of_service_s"] for s in swaps]),
@@ -314,9 +394,9 @@ def summarise(result: dict) -> None:
 def table(results: list[dict]) -> str:
     head = (
         "| preset | params | bytes shipped | stage s | apply s | pause window s "
-        "| out of service s | restart s | ratio | parity max diff |"
+        "| out of service s | restart s | ratio | parity max diff | request latency in stage s |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
 
     def mm(d: dict) -> str:
         return f"{d['median']:.3f} / {d['max']:.3f}"
@@ -327,12 +407,14 @@ def table(results: list[dict]) -> str:
             f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {r['bytes_shipped'] / 1e6:.1f} MB "
             f"| {mm(s['stage_s'])} | {mm(s['apply_s'])} | {mm(s['pause_window_s'])} "
             f"| {mm(s['out_of_service_s'])} | {s['restart_s']:.1f} "
-            f"| {s['ratio_restart_to_pause']:.0f}x | {s['parity_max_diff']:.1e} |"
+            f"| {s['ratio_restart_to_pause']:.0f}x | {s['parity_max_diff']:.1e} "
+            f"| {mm(s['stage_stall_s'])} |"
         )
     lines.append("")
     lines.append(
         "Times are median / max over the swaps; restart = start to healthy + first request "
-        "with the new weights; ratio = restart / median pause window."
+        "with the new weights; ratio = restart / median pause window; request latency in stage = "
+        "the slowest 2-token request sent while the stage ran (the engine waits for it)."
     )
     return "\n".join(lines)
 
@@ -348,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reuse-models", action="store_true", help="keep models already under --work"
     )
+    parser.add_argument(
+        "--worker-extension",
+        help="another worker extension class to compare (default: the project's)",
+    )
     args = parser.parse_args(argv)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     unknown = [p for p in presets if p not in PRESETS]
@@ -362,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work
         work.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
+    load_before = os.getloadavg()
     results = []
     try:
         with httpx.Client(timeout=900.0) as http:
@@ -378,9 +465,12 @@ def main(argv: list[str] | None = None) -> int:
             ["python bench/weight_sync.py", *(sys.argv[1:] if argv is None else argv)]
         ),
         "machine": machine(),
+        # Other work on a shared machine inflates every figure: say how busy it was.
+        "load_average_1_5_15": {"start": load_before, "end": os.getloadavg()},
         "versions": versions(),
         "repeats": args.repeats,
         "delta_std": 0.02 * args.scale,
+        "worker_extension": args.worker_extension or "trainer.vllm_worker.WeightUpdateExtension",
         "parity_tolerance": PARITY_TOL,
         "results": results,
     }
@@ -400,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"target ratio >= {TARGET_RATIO:.0f}x: "
                 f"{'met' if ratio >= TARGET_RATIO else 'MISSED'} ({ratio:.0f}x)"
             )
+    log(f"load average at start {load_before[0]:.1f}, at end {os.getloadavg()[0]:.1f}")
     log(f"wrote {args.out}")
     return 0 if all(r["summary"]["all_parity_ok"] for r in results) else 1
 

@@ -4,25 +4,62 @@ Loaded with `--worker-extension-cls trainer.vllm_worker.WeightUpdateExtension`; 
 called over vLLM's `/collective_rpc` (string arguments only, JSON-able results). An update is done
 in three calls so that only the middle one happens while the server is paused:
 
-    rlgw_stage(path, kind)   read and validate the safetensors file (names, shapes, finiteness)
-    rlgw_apply()             snapshot the served weights, apply, repack (CPU); restore on failure
-    rlgw_commit() / rlgw_rollback()   drop the snapshot, or restore it exactly
+    rlgw_stage(path, kind)   read and validate the file, and prepare the new weights
+    rlgw_apply()             put the prepared weights in place; restore the old ones on failure
+    rlgw_commit() / rlgw_rollback()   drop the old weights, or put them back exactly
 
 `kind` is "full" (new weights) or "delta" (theta_new - theta_served), both in Hugging Face naming.
-A delta goes through the model's own `load_weights`, which knows how q/k/v and gate/up are fused:
-every parameter is zeroed, the delta is loaded into its slices, and the snapshot is added back.
+
+Preparing uses the model's own `load_weights`, which knows how q/k/v and gate/up are fused, but
+points every parameter at a scratch tensor while it runs, so the served weights are never written
+during staging: a delta is loaded into zeroed scratch tensors (the update laid out like the vLLM
+parameters), a full update into copies of the current parameters. Only the parameters that
+`load_weights` reports (learnt once per set of names; later stages give the others a stand-in
+that refuses writes, and learn again if one is written) and the modules that own them get any
+further work. A worker runs one call at a time, so no forward pass can see a redirected parameter;
+the other side of that is that requests to this server wait while a stage runs (it is outside the
+pause, not outside the engine loop).
+
+Two ways to apply:
+
+- "swap" (CPU build with eager execution, the default there): staging also computes
+  new = served + delta into new tensors and builds the new packed (oneDNN / SGL) copies of the
+  affected linear layers aside (a tied lm_head shares the embedding's tensor but has its own packed
+  copy: it is repacked whenever the embedding changes). The apply, inside the pause, only rebinds
+  each affected parameter's data and each affected layer's packed GEMM: no arithmetic, no
+  repacking. The old tensors and packed copies are kept until commit; a failed apply or a rollback
+  rebinds them (exact by construction).
+- "inplace" (GPU builds, where CUDA graphs hold the parameters' addresses; or forced with
+  RLGW_WEIGHT_APPLY=inplace): staging also copies the affected parameters aside (to host memory on
+  an accelerator); the apply adds the prepared update (or copies the full values) in place, then
+  repacks the affected layers on a CPU build. A failure or a rollback copies the saved values back
+  and repacks.
+
+In both, the new weights are bitwise those of zero / load_weights(delta) / add back (a float
+addition is commutative), i.e. exactly what the trainer computes as theta + delta.
+
+Memory: a swap holds the old and the new weights (and, on a CPU, both packed copies) from stage to
+commit. Tensors that stop being served are kept for the next stage (a fresh allocation costs page
+faults: 0.7 s for 1.4 GB on the project's machine; zeroing a used buffer 0.07 s), so between swaps
+the worker holds one spare copy of the affected weights; RLGW_WEIGHT_POOL=0 frees it instead.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 KINDS = ("full", "delta")
+APPLY_MODES = ("swap", "inplace")
+APPLY_MODE_ENV = "RLGW_WEIGHT_APPLY"
+POOL_ENV = "RLGW_WEIGHT_POOL"
+_MISSING = object()
 
 
 def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
@@ -51,7 +88,7 @@ def validate_update(
             problems.append(f"{name}: shape {tuple(tensor.shape)}, expected {expected[name]}")
         elif not tensor.is_floating_point():
             problems.append(f"{name}: dtype {tensor.dtype} is not floating point")
-        elif not bool(torch.isfinite(tensor).all()):
+        elif not _all_finite(tensor):
             problems.append(f"{name}: contains NaN or infinity")
     if kind == "full":
         missing = sorted(set(expected) - set(tensors))
@@ -62,18 +99,95 @@ def validate_update(
     return problems
 
 
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """No NaN or infinity. min and max propagate NaN, so one reduction pass decides it (about
+    40x faster than isfinite(t).all() on a 1.4 GB update, and no temporary tensor)."""
+    if tensor.numel() == 0:
+        return True
+    low, high = torch.aminmax(tensor)
+    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+
+
 def _is_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
 
 
+def _trap(param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stand-in with the parameter's shape and dtype whose every element is one zero scalar: a
+    write into it raises (or lands in that scalar), and never touches the served tensor.
+    Returns (stand-in, scalar)."""
+    scalar = torch.zeros((), dtype=param.dtype, device=param.device)
+    return scalar.expand(param.shape), scalar
+
+
+class _Phases:
+    """Seconds per named phase, accumulated."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._name: str | None = None
+        self._t0 = 0.0
+
+    def start(self, name: str) -> None:
+        self.stop()
+        self._name, self._t0 = name, time.perf_counter()
+
+    def stop(self) -> None:
+        if self._name is not None:
+            elapsed = time.perf_counter() - self._t0
+            self.seconds[self._name] = self.seconds.get(self._name, 0.0) + elapsed
+            self._name = None
+
+
+@dataclass
+class _ModuleState:
+    """What a CPU GEMM dispatch changed on one module: attribute values before and after."""
+
+    module: torch.nn.Module
+    old: dict[str, Any]
+    new: dict[str, Any]
+
+
+@dataclass
+class _Prepared:
+    """A staged update, ready to apply."""
+
+    kind: str
+    mode: str
+    generation: int  # the served weights it was prepared against
+    names: list[str]  # affected vLLM parameters
+    update: dict[str, torch.Tensor]  # inplace: values to add (delta) or copy (full)
+    new_data: dict[str, torch.Tensor] = field(default_factory=dict)  # swap: new tensors
+    modules: list[_ModuleState] = field(default_factory=list)  # swap: new packed GEMMs
+    saved: dict[str, torch.Tensor] = field(default_factory=dict)  # inplace: old values
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Undo:
+    """How to put back the weights from before the last apply."""
+
+    mode: str
+    names: list[str]
+    old_data: dict[str, torch.Tensor] = field(default_factory=dict)  # swap
+    modules: list[_ModuleState] = field(default_factory=list)  # swap
+    saved: dict[str, torch.Tensor] = field(default_factory=dict)  # inplace
+
+
 class WeightUpdateExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's model runner."""
 
-    _rlgw_staged: tuple[str, dict[str, torch.Tensor]] | None = None
-    _rlgw_snapshot: dict[str, torch.Tensor] | None = None
+    _rlgw_staged: _Prepared | None = None
+    _rlgw_undo: _Undo | None = None
     _rlgw_expected: dict[str, tuple[int, ...]] | None = None
+    _rlgw_generation: int = 0  # bumped whenever the served weights change
+    _rlgw_targets: dict[tuple[str, frozenset[str]], frozenset[str]] | None = None
+    # Tensors no longer served (replaced weights, used scratch), reused by the next stage: a fresh
+    # allocation costs page faults (0.7 s for 1.4 GB here), zeroing a used buffer 0.07 s.
+    _rlgw_pool: dict[str, list[torch.Tensor]] | None = None
+    _rlgw_reused = 0  # buffers taken from the pool by the current stage
 
     # ------------------------------------------------------------------ helpers
     def _rlgw_model(self) -> torch.nn.Module:
@@ -91,33 +205,246 @@ class WeightUpdateExtension:
                 )
         return None
 
-    def _rlgw_repack(self) -> int:
-        """Rebuild the CPU build's packed copies of linear weights (no-op on GPU builds)."""
+    def _rlgw_mode(self) -> str:
+        forced = os.environ.get(APPLY_MODE_ENV, "").strip().lower()
+        if forced in APPLY_MODES:
+            return forced
         if not _is_cpu():
-            return 0
+            return "inplace"  # CUDA graphs keep the parameters' addresses
+        config = getattr(self.model_runner, "model_config", None)
+        eager = bool(getattr(config, "enforce_eager", False))
+        return "swap" if eager else "inplace"  # a compiled graph may hold the tensors
+
+    def _rlgw_buffer(self, name: str, like: torch.Tensor, device: Any = None) -> torch.Tensor:
+        """A tensor shaped like `like` (contents undefined): a pooled one when one fits."""
+        device = torch.device(device) if device is not None else like.device
+        for i, cand in enumerate((self._rlgw_pool or {}).get(name, [])):
+            if (
+                cand.shape == like.shape
+                and cand.dtype == like.dtype
+                and cand.device == device
+                and cand.stride() == like.stride()
+            ):
+                self._rlgw_reused += 1
+                return self._rlgw_pool[name].pop(i)  # type: ignore[index]
+        return torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=device)
+
+    def _rlgw_recycle(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Keep tensors nothing serves any more for the next stage (RLGW_WEIGHT_POOL=0: free)."""
+        if os.environ.get(POOL_ENV, "1") == "0":
+            return
+        if self._rlgw_pool is None:
+            self._rlgw_pool = {}
+        for name, tensor in tensors.items():
+            self._rlgw_pool.setdefault(name, []).append(tensor)
+
+    def _rlgw_gemm_modules(self, names: set[str]) -> list[torch.nn.Module]:
+        """Modules with a CPU packed GEMM that own one of the named parameters. A tied lm_head
+        shares the embedding's parameter but has its own packed copy: it is found by identity."""
+        if not _is_cpu():
+            return []
+        params = self._rlgw_params()
+        wanted = {id(params[n]) for n in names if n in params}
+        found = []
+        for module in self._rlgw_model().modules():
+            if not hasattr(module, "cpu_linear") or getattr(module, "weight", None) is None:
+                continue
+            if any(id(p) in wanted for p in module.parameters(recurse=False)):
+                found.append(module)
+        return found
+
+    def _rlgw_repack(self, modules: list[torch.nn.Module]) -> None:
+        """Rebuild the CPU build's packed copies of these layers' weights from their data."""
         from vllm.model_executor.layers import utils
 
-        count = 0
-        for module in self._rlgw_model().modules():
-            if hasattr(module, "cpu_linear") and getattr(module, "weight", None) is not None:
-                utils.dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-                count += 1
-        return count
+        for module in modules:
+            utils.dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
     @torch.no_grad()
-    def _rlgw_restore(self, snapshot: dict[str, torch.Tensor]) -> None:
+    def _rlgw_pack_aside(
+        self, modules: list[torch.nn.Module], new_data: dict[str, torch.Tensor]
+    ) -> list[_ModuleState]:
+        """Pack new weights for these modules without changing what they serve: point their
+        parameters at the new tensors, dispatch, keep what the dispatch set, put everything back."""
+        from vllm.model_executor.layers import utils
+
+        by_id = {id(p): name for name, p in self._rlgw_params().items()}
+        states = []
+        for module in modules:
+            owned = [p for p in module.parameters(recurse=False) if by_id.get(id(p)) in new_data]
+            before_attrs = dict(module.__dict__)
+            before_data = [p.data for p in owned]
+            try:
+                for p in owned:
+                    p.data = new_data[by_id[id(p)]]
+                utils.dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+                for p in owned:  # a dispatch may convert a tensor (e.g. a bias to fp32)
+                    new_data[by_id[id(p)]] = p.data
+                changed = [
+                    k for k, v in module.__dict__.items() if before_attrs.get(k, _MISSING) is not v
+                ]
+                states.append(
+                    _ModuleState(
+                        module,
+                        {k: before_attrs.get(k, _MISSING) for k in changed},
+                        {k: module.__dict__[k] for k in changed},
+                    )
+                )
+            finally:
+                for p, data in zip(owned, before_data, strict=True):
+                    p.data = data
+                for k in [k for k in module.__dict__ if k not in before_attrs]:
+                    del module.__dict__[k]
+                module.__dict__.update(
+                    {k: v for k, v in before_attrs.items() if module.__dict__.get(k) is not v}
+                )
+        return states
+
+    @staticmethod
+    def _rlgw_set_attrs(states: list[_ModuleState], which: str) -> None:
+        for state in states:
+            for key, value in getattr(state, which).items():
+                if value is _MISSING:
+                    state.module.__dict__.pop(key, None)
+                else:
+                    state.module.__dict__[key] = value
+
+    @torch.no_grad()
+    def _rlgw_load_into_scratch(
+        self,
+        kind: str,
+        tensors: dict[str, torch.Tensor],
+        targets: frozenset[str] | None,
+        phases: _Phases,
+    ) -> tuple[dict[str, torch.Tensor], set[str]]:
+        """Run load_weights with every parameter pointed at scratch (targets, or all when None)
+        or at a trap. Returns the scratch tensors and the vLLM names load_weights reported."""
         params = self._rlgw_params()
-        for name, saved in snapshot.items():
-            params[name].data.copy_(saved)
-        self._rlgw_repack()
+        names = set(params) if targets is None else set(targets)
+        phases.start("alloc")
+        scratch = {}
+        for name in names:
+            current = params[name].data
+            buffer = self._rlgw_buffer(name, current)
+            # delta: zero where nothing is loaded; full: keep the current value there
+            scratch[name] = buffer.copy_(current) if kind == "full" else buffer.zero_()
+        traps = {n: _trap(p.data) for n, p in params.items() if n not in names}
+        phases.start("load")
+        originals = {name: p.data for name, p in params.items()}
+        try:
+            for name, p in params.items():
+                p.data = scratch[name] if name in scratch else traps[name][0]
+            reported = self._rlgw_model().load_weights(iter(tensors.items()))
+            if any(bool(scalar.ne(0)) for _, scalar in traps.values()):
+                raise RuntimeError("load_weights wrote into a parameter outside the expected set")
+        except Exception:
+            self._rlgw_recycle(scratch)
+            raise
+        finally:
+            for name, p in params.items():
+                p.data = originals[name]
+        phases.stop()
+        return scratch, set(reported or ())
+
+    @torch.no_grad()
+    def _rlgw_prepare(self, kind: str, tensors: dict[str, torch.Tensor]) -> _Prepared:
+        params = self._rlgw_params()
+        mode = self._rlgw_mode()
+        phases = _Phases()
+        self._rlgw_reused = 0
+        if self._rlgw_targets is None:
+            self._rlgw_targets = {}
+        key = (kind, frozenset(tensors))
+        targets = self._rlgw_targets.get(key)
+        scratch: dict[str, torch.Tensor] | None = None
+        if targets is not None:
+            try:
+                scratch, loaded = self._rlgw_load_into_scratch(kind, tensors, targets, phases)
+                if not loaded <= targets:
+                    self._rlgw_recycle(scratch)
+                    scratch = None
+            except Exception:  # e.g. a write into a trap: learn the targets again
+                scratch = None
+        if scratch is None:  # every parameter gets scratch; learn which ones the update touches
+            scratch, loaded = self._rlgw_load_into_scratch(kind, tensors, None, phases)
+            unknown = sorted(loaded - set(params))
+            if unknown:
+                self._rlgw_recycle(scratch)
+                raise RuntimeError(f"the update loads non-parameter tensors, e.g. {unknown[0]}")
+            phases.start("find_changed")
+            changed = {
+                name
+                for name, value in scratch.items()
+                if name not in loaded
+                and (
+                    bool(value.any())
+                    if kind == "delta"
+                    else not torch.equal(value, params[name].data)
+                )
+            }
+            targets = frozenset(loaded | changed)
+            self._rlgw_targets[key] = targets
+            self._rlgw_recycle({n: t for n, t in scratch.items() if n not in targets})
+            scratch = {name: scratch[name] for name in targets}
+            phases.stop()
+        names = sorted(targets)
+        prepared = _Prepared(kind, mode, self._rlgw_generation, names, {})
+        if mode == "swap":
+            phases.start("add")
+            if kind == "delta":
+                for name in names:  # scratch + served == served + delta, bitwise
+                    scratch[name].add_(params[name].data)
+            prepared.new_data = scratch
+            phases.start("pack")
+            modules = self._rlgw_gemm_modules(set(names))
+            prepared.modules = self._rlgw_pack_aside(modules, prepared.new_data)
+        else:
+            prepared.update = scratch
+            phases.start("snapshot")
+            # Kept in host memory on an accelerator: only a failure or a rollback reads it.
+            prepared.saved = {
+                name: self._rlgw_buffer(name, params[name].data, "cpu").copy_(params[name].data)
+                for name in names
+            }
+        phases.stop()
+        self._rlgw_pool = None  # what this update did not need: free it
+        prepared.info = {
+            "mode": mode,
+            "parameters": len(names),
+            "modules_repacked": len(prepared.modules),
+            "buffers_reused": self._rlgw_reused,
+            "phases": phases.seconds,
+        }
+        return prepared
+
+    @torch.no_grad()
+    def _rlgw_install_saved(self, names: list[str], saved: dict[str, torch.Tensor]) -> None:
+        params = self._rlgw_params()
+        for name in names:
+            params[name].data.copy_(saved[name])
+        self._rlgw_repack(self._rlgw_gemm_modules(set(names)))
+
+    @torch.no_grad()
+    def _rlgw_swap_in(self, data: dict[str, torch.Tensor], states: list, which: str) -> None:
+        params = self._rlgw_params()
+        for name, value in data.items():
+            params[name].data = value
+        self._rlgw_set_attrs(states, which)
+
+    def _rlgw_discard_staged(self) -> None:
+        prepared, self._rlgw_staged = self._rlgw_staged, None
+        if prepared is not None:
+            self._rlgw_recycle(prepared.new_data)
+            self._rlgw_recycle(prepared.update)
+            self._rlgw_recycle(prepared.saved)
 
     # ------------------------------------------------------------------ rpc methods
     def rlgw_stage(self, path: str, kind: str) -> dict[str, Any]:
-        """Read and validate an update without touching the served weights."""
+        """Read and validate an update and prepare it, without touching the served weights."""
         from safetensors.torch import load_file
 
         t0 = time.perf_counter()
-        self._rlgw_staged = None
+        self._rlgw_discard_staged()
         problem = self._rlgw_check_weights_kept()
         if problem:
             return {"ok": False, "error": problem}
@@ -125,77 +452,122 @@ class WeightUpdateExtension:
             self._rlgw_expected = _checkpoint_shapes(
                 self.model_runner.model_config.model  # type: ignore[attr-defined]
             )
+        t_read = time.perf_counter()
         try:
             tensors = load_file(path)
         except Exception as exc:  # a missing or malformed file is a refused update, not a crash
             return {"ok": False, "error": f"cannot read {path}: {exc}"}
+        t_validate = time.perf_counter()
         problems = validate_update(tensors, kind, self._rlgw_expected)
         if problems:
             return {"ok": False, "error": "; ".join(problems[:5])}
-        self._rlgw_staged = (kind, tensors)
+        t_prepare = time.perf_counter()
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        try:
+            prepared = self._rlgw_prepare(kind, tensors)
+        except Exception as exc:
+            return {"ok": False, "error": f"cannot prepare the update: {exc}"}
+        count = len(tensors)
+        del tensors
+        self._rlgw_staged = prepared
+        phases = {
+            "read": t_validate - t_read,
+            "validate": t_prepare - t_validate,
+            **prepared.info.pop("phases"),
+        }
         return {
             "ok": True,
-            "tensors": len(tensors),
+            "tensors": count,
             "bytes": nbytes,
+            **prepared.info,
+            "phases": phases,
             "seconds": time.perf_counter() - t0,
         }
 
     @torch.no_grad()
     def rlgw_apply(self) -> dict[str, Any]:
         """Apply the staged update; on any failure restore the previous weights exactly."""
-        if self._rlgw_staged is None:
+        prepared = self._rlgw_staged
+        if prepared is None:
             return {"ok": False, "error": "nothing staged"}
-        kind, tensors = self._rlgw_staged
+        if prepared.generation != self._rlgw_generation:
+            self._rlgw_discard_staged()
+            return {"ok": False, "error": "the weights changed since staging: stage again"}
         t0 = time.perf_counter()
-        phases: dict[str, float] = {}
-        tp = time.perf_counter()
+        phases = _Phases()
         params = self._rlgw_params()
-        snapshot = {name: p.detach().clone() for name, p in params.items()}
-        phases["snapshot"] = time.perf_counter() - tp
-        try:
-            model = self._rlgw_model()
-            tp = time.perf_counter()
-            if kind == "delta":
-                for p in params.values():
-                    p.data.zero_()
-            phases["zero"] = time.perf_counter() - tp
-            tp = time.perf_counter()
-            model.load_weights(iter(tensors.items()))
-            phases["load"] = time.perf_counter() - tp
-            tp = time.perf_counter()
-            if kind == "delta":
-                for name, p in params.items():
-                    p.data.add_(snapshot[name])
-            phases["add"] = time.perf_counter() - tp
-            tp = time.perf_counter()
-            repacked = self._rlgw_repack()
-            phases["repack"] = time.perf_counter() - tp
-        except Exception as exc:
-            self._rlgw_restore(snapshot)
-            return {"ok": False, "error": f"apply failed and was undone: {exc}"}
+        if prepared.mode == "swap":
+            undo = _Undo(
+                "swap",
+                prepared.names,
+                old_data={name: params[name].data for name in prepared.names},
+                modules=prepared.modules,
+            )
+            repacked = len(prepared.modules)
+            phases.start("swap")
+            try:
+                self._rlgw_swap_in(prepared.new_data, prepared.modules, "new")
+            except Exception as exc:
+                self._rlgw_swap_in(undo.old_data, undo.modules, "old")
+                return {"ok": False, "error": f"apply failed and was undone: {exc}"}
+        else:
+            undo = _Undo("inplace", prepared.names, saved=prepared.saved)
+            repacked = 0
+            try:
+                phases.start("update")
+                for name in prepared.names:
+                    target = params[name].data
+                    if prepared.kind == "delta":
+                        target.add_(prepared.update[name])
+                    else:
+                        target.copy_(prepared.update[name])
+                phases.start("repack")
+                modules = self._rlgw_gemm_modules(set(prepared.names))
+                self._rlgw_repack(modules)
+                repacked = len(modules)
+            except Exception as exc:
+                phases.stop()
+                self._rlgw_install_saved(undo.names, undo.saved)
+                return {"ok": False, "error": f"apply failed and was undone: {exc}"}
+            self._rlgw_recycle(prepared.update)
+        phases.stop()
         self._rlgw_staged = None
-        self._rlgw_snapshot = snapshot
+        self._rlgw_undo = undo
+        self._rlgw_generation += 1
         return {
             "ok": True,
+            "mode": prepared.mode,
+            "parameters": len(prepared.names),
             "repacked": repacked,
-            "phases": phases,
+            "phases": phases.seconds,
             "seconds": time.perf_counter() - t0,
         }
 
     def rlgw_rollback(self) -> dict[str, Any]:
         """Restore the weights from before the last apply."""
-        if self._rlgw_snapshot is None:
+        undo = self._rlgw_undo
+        if undo is None:
             return {"ok": False, "error": "no snapshot to roll back to"}
         t0 = time.perf_counter()
-        self._rlgw_restore(self._rlgw_snapshot)
-        self._rlgw_snapshot = None
+        if undo.mode == "swap":
+            replaced = {name: self._rlgw_params()[name].data for name in undo.names}
+            self._rlgw_swap_in(undo.old_data, undo.modules, "old")
+            self._rlgw_recycle(replaced)
+        else:
+            self._rlgw_install_saved(undo.names, undo.saved)
+            self._rlgw_recycle(undo.saved)
+        self._rlgw_undo = None
+        self._rlgw_discard_staged()  # it was prepared against the weights just replaced
+        self._rlgw_generation += 1
         return {"ok": True, "seconds": time.perf_counter() - t0}
 
     def rlgw_commit(self) -> dict[str, Any]:
-        """Keep the applied weights; free the snapshot."""
-        self._rlgw_snapshot = None
-        self._rlgw_staged = None
+        """Keep the applied weights; keep the old ones' memory for the next stage (or free it)."""
+        undo, self._rlgw_undo = self._rlgw_undo, None
+        if undo is not None:
+            self._rlgw_recycle(undo.old_data)
+            self._rlgw_recycle(undo.saved)
+        self._rlgw_discard_staged()
         return {"ok": True}
 
     @torch.no_grad()
