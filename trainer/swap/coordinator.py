@@ -56,6 +56,7 @@ class SwapReport:
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
     paused_s: float = 0.0  # vLLM paused
     out_of_routing_s: float = 0.0  # from drain to active
+    out_of_routing: tuple[float, float] | None = None  # (start, end) on time.monotonic()
     parity_diff: float | None = None
     bytes_shipped: int = 0
 
@@ -148,7 +149,7 @@ class SwapCoordinator:
             report.outcome, report.reason = "refused", f"update refused: {exc}"
             return
         report.bytes_shipped = sum(r.get("bytes", 0) for r in staged if isinstance(r, dict))
-        t_out = time.perf_counter()
+        t_out, mono_out = time.perf_counter(), time.monotonic()
         try:
             self._drain(vllm, backend, plan, report)
             t_pause = time.perf_counter()
@@ -174,6 +175,7 @@ class SwapCoordinator:
             )
         finally:
             report.out_of_routing_s = time.perf_counter() - t_out
+            report.out_of_routing = (mono_out, time.monotonic())
 
     def _drain(
         self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport
