@@ -182,6 +182,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rlgw.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        seed=args.seed, minutes=args.minutes, sync=args.sync, out_dir=Path(args.out)
+    )
+    summary = run_demo(Settings(), options)
+    return 0 if summary["gain"] > 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlgw", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,6 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-port", type=int, default=8100, help="vLLM port (default 8100)")
     p.add_argument("--preset", default="tiny", help="model preset created when missing")
     p.add_argument("--seed", type=int, default=0, help="model seed")
+
+    p = add("demo", cmd_demo, "Agents learn a task online through the gateway; plots the reward.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget")
+    p.add_argument(
+        "--sync",
+        action="store_true",
+        help="synchronous baseline: no generation while the trainer trains",
+    )
+    p.add_argument("--out", default="demo-results", help="where the JSON and PNG go")
 
     p = add("serve", cmd_serve, "Run the gateway against the configured database.")
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")

@@ -1,0 +1,310 @@
+"""`rlgw demo`: agents learn a task online through the gateway, and the reward curve shows it.
+
+Everything is real: an embedded (or configured) Postgres, a vLLM CPU backend serving a warm-started
+model, the gateway in this process, agent workers that use the official `openai` client on their
+session base URL and post rewards over REST, and the online trainer pushing verified swaps.
+
+async (default): agents keep generating while the trainer trains and swaps (AReaL-style).
+--sync:          generation stops while the trainer trains (the synchronous baseline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+
+from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
+from rlgw.database import resolve_database_url
+from rlgw.db.engine import make_sync_engine, sync_session_factory
+from rlgw.db.migrate import upgrade
+from rlgw.registry import register_backend
+from rlgw.serve import GatewayThread
+from rlgw.settings import Settings
+
+MAX_TOKENS = 8
+
+
+@dataclass
+class DemoOptions:
+    seed: int = 0
+    minutes: float = 10.0
+    sync: bool = False
+    group_size: int = 8  # samples per training prompt (one session each, one GRPO group)
+    groups_per_update: int = 4  # groups the trainer takes per update
+    agents: int = 4  # concurrent agent workers (each plays one group at a time)
+    eval_prompts: int = 64
+    eval_samples: int = 2
+    eval_every_s: float = 30.0
+    lr: float = 2e-3
+    out_dir: Path = Path("demo-results")
+    backend_port: int | None = None
+    gateway_port: int | None = None
+
+
+@dataclass
+class Curve:
+    points: list[dict] = field(default_factory=list)  # {t, version, reward}
+
+    def add(self, t: float, version: int, reward: float) -> None:
+        self.points.append({"t": round(t, 2), "version": version, "reward": round(reward, 4)})
+        print(f"[demo] t={t:6.1f}s  version {version:3d}  held-out reward {reward:.3f}", flush=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DemoRun:
+    """One demo run: its backend, gateway, trainer, agents and evaluator."""
+
+    def __init__(self, settings: Settings, options: DemoOptions) -> None:
+        from trainer import demo_task
+
+        self.settings, self.options, self.task = settings, options, demo_task
+        mode = "sync" if options.sync else "async"
+        self.model_name = f"demo-s{options.seed}-{mode}-{uuid.uuid4().hex[:6]}"
+        self.curve = Curve()
+        self.stop = threading.Event()
+        self.t0 = 0.0
+        self.generated = 0  # training groups fully played
+        self.in_flight = 0  # training groups being played
+
+    # ------------------------------------------------------------------ setup
+    def model_dir(self) -> Path:
+        from trainer.init_model import create_demo_model
+
+        path = self.settings.home / "models" / f"demo-seed{self.options.seed}"
+        if not (path / "config.json").exists():
+            create_demo_model(path, seed=self.options.seed)
+        return path
+
+    def gateway_settings(self) -> Settings:
+        return self.settings.model_copy(
+            update={"auth": "off", "rate_limit_rps": 0.0, "max_concurrency_per_key": 0}
+        )
+
+    # ------------------------------------------------------------------ agents
+    async def play(self, http: httpx.AsyncClient, prompt, size: int, *, train: bool) -> list[float]:
+        """`size` sessions of one completion each on one prompt; rewards posted over REST.
+
+        Training prompts form one group (GRPO-style, normalized together); held-out evaluation
+        sessions are recorded with `train: false`, so they are never trained on.
+        """
+        body: dict = {"train": train, "task_id": prompt.id}
+        if train:
+            body.update(group_id=f"g-{uuid.uuid4().hex}", group_size=size, normalization="mean_std")
+
+        async def one() -> float:
+            session = (await http.post("/v1/sessions", json=body)).json()
+            client = openai.AsyncOpenAI(
+                base_url=session["base_url"], api_key="unused", max_retries=2
+            )
+            reply = await client.chat.completions.create(
+                model=self.model_name,
+                messages=prompt.messages,
+                max_tokens=MAX_TOKENS,
+                temperature=1.0,
+            )
+            await client.close()
+            value = self.task.reward(prompt, reply.choices[0].message.content or "")
+            await http.post(
+                f"/v1/sessions/{session['id']}/rewards",
+                json={"value": value},
+                headers={"Idempotency-Key": f"{session['id']}:final"},
+            )
+            await http.post(f"/v1/sessions/{session['id']}/close")
+            return value
+
+        return list(await asyncio.gather(*(one() for _ in range(size))))
+
+    async def agent_loop(self, http: httpx.AsyncClient, worker: int, gate: asyncio.Event) -> None:
+        prompts = self.task.training_prompts(seed=self.options.seed * 1000 + worker)
+        while not self.stop.is_set():
+            await gate.wait()  # closed while the synchronous baseline trains
+            self.in_flight += 1
+            try:
+                await self.play(http, next(prompts), self.options.group_size, train=True)
+                self.generated += 1
+            finally:
+                self.in_flight -= 1
+
+    async def served_version(self, http: httpx.AsyncClient) -> int:
+        backends = (await http.get("/healthz")).json()["backends"]
+        return min(b["served_version"] for b in backends)
+
+    async def evaluate(self, http: httpx.AsyncClient) -> float:
+        version = await self.served_version(http)
+        prompts = self.task.held_out_prompts(self.options.eval_prompts)
+        rewards = await asyncio.gather(
+            *(self.play(http, p, self.options.eval_samples, train=False) for p in prompts)
+        )
+        mean = sum(sum(r) for r in rewards) / sum(len(r) for r in rewards)
+        self.curve.add(time.monotonic() - self.t0, version, mean)
+        return mean
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict:
+        from gateway.main import create_app
+        from trainer.config import TrainerConfig
+        from trainer.service import OnlineTrainer
+
+        o = self.options
+        url = resolve_database_url(self.settings)
+        self.settings = self.settings.model_copy(update={"database_url": url})
+        upgrade(url)
+        model_dir = self.model_dir()
+        port = o.backend_port or _free_port()
+        log = self.settings.home / "logs" / f"{self.model_name}.log"
+        print(f"[demo] {self.model_name}: starting vLLM (log: {log})", flush=True)
+        backend = start_backend(model_dir, port, served_model_name=self.model_name, log_path=log)
+        engine = make_sync_engine(url)
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}", proc=backend, timeout_s=600)
+            register_backend(
+                sync_session_factory(engine),
+                self.model_name,
+                f"http://127.0.0.1:{port}",
+                model_path=str(model_dir),
+            )
+            batch = o.groups_per_update * o.group_size
+            config = TrainerConfig(batch_sessions=batch, min_sessions=batch, lr=o.lr, seed=o.seed)
+            app = create_app(self.gateway_settings())
+            with GatewayThread(app, o.gateway_port or _free_port()) as gateway:
+                trainer = OnlineTrainer(self.settings, engine, self.model_name, config)
+                try:
+                    asyncio.run(self.drive(gateway.url, trainer))
+                finally:
+                    trainer.close()
+        finally:
+            stop_backend(backend)
+            engine.dispose()
+        return self.report()
+
+    async def drive(self, url: str, trainer) -> None:
+        o = self.options
+        async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+            self.t0 = time.monotonic()
+            deadline = self.t0 + o.minutes * 60
+            await self.evaluate(http)
+            gate = asyncio.Event()
+            gate.set()
+            agents = [asyncio.create_task(self.agent_loop(http, i, gate)) for i in range(o.agents)]
+            next_eval = time.monotonic() + o.eval_every_s
+            training = None
+            if not o.sync:  # the trainer runs beside the agents
+                training = threading.Thread(
+                    target=self._train_until_stopped, args=(trainer,), daemon=True
+                )
+                training.start()
+            while time.monotonic() < deadline:
+                if o.sync:
+                    await self._sync_round(trainer, gate, deadline)
+                else:
+                    await asyncio.sleep(1.0)
+                if time.monotonic() >= next_eval and time.monotonic() < deadline:
+                    await self.evaluate(http)
+                    next_eval = time.monotonic() + o.eval_every_s
+            self.stop.set()
+            gate.set()
+            for task in agents:
+                task.cancel()
+            await asyncio.gather(*agents, return_exceptions=True)
+            if training is not None:
+                training.join(timeout=120)
+            await self.evaluate(http)
+
+    def _train_until_stopped(self, trainer) -> None:
+        while not self.stop.is_set():
+            if trainer.step() is None:
+                time.sleep(0.2)
+
+    async def _sync_round(self, trainer, gate: asyncio.Event, deadline: float) -> None:
+        """Generate one update's worth of groups, stop generating, train and swap, resume."""
+        target = self.generated + self.options.groups_per_update
+        while self.generated < target and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        gate.clear()
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        while await asyncio.to_thread(trainer.step) is not None:
+            pass
+        gate.set()
+
+    # ------------------------------------------------------------------ results
+    def report(self) -> dict:
+        o = self.options
+        points = self.curve.points
+        start, final = points[0]["reward"], points[-1]["reward"]
+        summary = {
+            "model": self.model_name,
+            "mode": "sync" if o.sync else "async",
+            "seed": o.seed,
+            "minutes": o.minutes,
+            "start_reward": start,
+            "final_reward": final,
+            "best_reward": max(p["reward"] for p in points),
+            "gain": round(final - start, 4),
+            "versions": points[-1]["version"],
+            "groups_generated": self.generated,
+            "curve": points,
+            "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(o).items()},
+        }
+        o.out_dir.mkdir(parents=True, exist_ok=True)
+        stem = o.out_dir / f"demo-{summary['mode']}-seed{o.seed}"
+        stem.with_suffix(".json").write_text(json.dumps(summary, indent=2))
+        plot_curves([summary], stem.with_suffix(".png"))
+        print("\n| version | minutes | held-out reward |\n|---|---|---|")
+        for p in points:
+            print(f"| {p['version']} | {p['t'] / 60:.1f} | {p['reward']:.3f} |")
+        print(
+            f"\n[demo] {summary['mode']} seed {o.seed}: held-out reward {start:.3f} -> "
+            f"{final:.3f} ({summary['gain']:+.3f}) in {o.minutes:g} min, "
+            f"{summary['versions']} versions; curve: {stem.with_suffix('.png')}",
+            flush=True,
+        )
+        return summary
+
+
+def plot_curves(summaries: list[dict], path: Path) -> None:
+    """Held-out reward against wall-clock minutes, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for s in summaries:
+        xs = [p["t"] / 60 for p in s["curve"]]
+        ys = [p["reward"] for p in s["curve"]]
+        ax.plot(
+            xs,
+            ys,
+            marker="o",
+            markersize=3,
+            linestyle="-" if s["mode"] == "async" else "--",
+            label=f"{s['mode']} seed {s['seed']}",
+        )
+    ax.set_xlabel("wall-clock minutes")
+    ax.set_ylabel("held-out reward (0-1)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_demo(settings: Settings, options: DemoOptions) -> dict:
+    return DemoRun(settings, options).run()
