@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 from authlib.deprecate import AuthlibDeprecationWarning  # noqa: E402  (installs its filter)
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
@@ -245,23 +245,49 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
+_x_api_key = APIKeyHeader(
+    name="x-api-key",
+    auto_error=False,
+    scheme_name="AnthropicApiKey",
+    description="The Messages API only: an agent key or session token as Anthropic clients send "
+    "it (`x-api-key`). `Authorization: Bearer` works there too.",
+)
+
+
+async def _admit(request: Request, ctx: Any, credential: str | None, how: str) -> Caller:
+    if not ctx.auth.enabled:
+        caller = Caller(kind="open", tenant=None, limit_key=f"addr:{client_address(request)}")
+    elif not credential or not credential.strip():
+        raise _unauthorized(
+            f"an agent key or session token is required ({how})", "missing_credentials"
+        )
+    else:
+        caller = await ctx.auth.verify(credential.strip())
+    ctx.limiter.admit(caller.limit_key, request.scope)
+    return caller
+
+
 async def authenticate(
     request: Request,
     ctx: ContextDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
     """The caller of an agent-surface route, admitted under its rate and concurrency limits."""
-    if not ctx.auth.enabled:
-        caller = Caller(kind="open", tenant=None, limit_key=f"addr:{client_address(request)}")
-    elif credentials is None or not credentials.credentials:
-        raise _unauthorized(
-            "an agent key or session token is required (Authorization: Bearer)",
-            "missing_credentials",
-        )
-    else:
-        caller = await ctx.auth.verify(credentials.credentials.strip())
-    ctx.limiter.admit(caller.limit_key, request.scope)
-    return caller
+    credential = credentials.credentials if credentials else None
+    return await _admit(request, ctx, credential, "Authorization: Bearer")
+
+
+async def authenticate_anthropic(
+    request: Request,
+    ctx: ContextDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[str | None, Depends(_x_api_key)],
+) -> Caller:
+    """The caller of a Messages API route: Anthropic clients send their key as `x-api-key`
+    (`Authorization: Bearer` is accepted as well, and wins when both are sent)."""
+    credential = credentials.credentials if credentials else api_key
+    return await _admit(request, ctx, credential, "x-api-key or Authorization: Bearer")
 
 
 CallerDep = Annotated[Caller, Depends(authenticate)]
+AnthropicCallerDep = Annotated[Caller, Depends(authenticate_anthropic)]

@@ -25,7 +25,7 @@ class BodyLimitMiddleware:
         )
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await too_large.response()(scope, receive, send)
+                await too_large.response_for(scope)(scope, receive, send)
                 return
         seen = 0
         started = False  # the app's response has begun: it can no longer be replaced
@@ -46,7 +46,7 @@ class BodyLimitMiddleware:
             nonlocal answered
             if not answered:
                 answered = True
-                await too_large.response()(scope, receive, send)
+                await too_large.response_for(scope)(scope, receive, send)
 
         async def guarded_send(message: Any) -> None:
             nonlocal started

@@ -1,4 +1,5 @@
-"""The OpenAI error envelope, and the one set of exception handlers that produce it."""
+"""The error envelopes (OpenAI's, and Anthropic's on the Messages API), and the one set of exception
+handlers that produce them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger("rlgw.gateway")
 
 OPENAI_TAG = "openai"
+ANTHROPIC_TAG = "anthropic"  # routes whose errors take Anthropic's envelope
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -74,6 +76,51 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.envelope(), status_code=self.status, headers=self.headers)
 
+    def anthropic_envelope(self) -> dict:
+        return {
+            "type": "error",
+            "error": {"type": anthropic_type(self.status), "message": self.message},
+        }
+
+    def anthropic_response(self) -> JSONResponse:
+        """The same error in Anthropic's envelope (the Messages API)."""
+        return JSONResponse(
+            self.anthropic_envelope(), status_code=self.status, headers=self.headers
+        )
+
+    def response_for(self, request_scope: dict) -> JSONResponse:
+        """The envelope of the API the request was made to."""
+        if is_anthropic(request_scope):
+            return self.anthropic_response()
+        return self.response()
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status."""
+    return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def is_anthropic(scope: dict) -> bool:
+    """Whether a request was made to the Messages API (its errors take Anthropic's envelope):
+    by its route once routed, by its path before (the body limit answers before routing)."""
+    route = scope.get("route")
+    if route is not None:
+        return ANTHROPIC_TAG in getattr(route, "tags", ())
+    path = scope.get("path") or ""
+    return path.endswith("/v1/messages") or path.endswith("/v1/messages/count_tokens")
+
 
 def session_not_found(session_id: str) -> APIError:
     """One answer for a missing session and for another tenant's: ids cannot be probed."""
@@ -93,24 +140,26 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response_for(request.scope)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # The OpenAI surface answers invalid bodies with 400, as OpenAI and vLLM do; the
-        # gateway's own REST API uses 422, as FastAPI does.
-        route = request.scope.get("route")
-        status = 400 if OPENAI_TAG in getattr(route, "tags", ()) else 422
+        # The model APIs (OpenAI's, Anthropic's) answer invalid bodies with 400, as OpenAI,
+        # Anthropic and vLLM do; the gateway's own REST API uses 422, as FastAPI does.
+        tags = getattr(request.scope.get("route"), "tags", ())
+        status = 400 if OPENAI_TAG in tags or ANTHROPIC_TAG in tags else 422
         message, param = _validation_message(exc)
-        return APIError(status, message, param=param, code="invalid_request").response()
+        error = APIError(status, message, param=param, code="invalid_request")
+        return error.response_for(request.scope)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = APIError(exc.status_code, str(exc.detail), headers=exc.headers)
+        return error.response_for(request.scope)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Log the traceback; never send it to the caller.
         log.exception("unhandled error")
-        return APIError(500, "internal error", type="api_error").response()
+        return APIError(500, "internal error", type="api_error").response_for(request.scope)

@@ -81,17 +81,25 @@ def request_sequence(api: str, body: dict[str, Any]) -> Sequence_:
     return prompt if isinstance(prompt, (str, list)) else ""
 
 
+def continuation_of(
+    api: str, seq: Sequence_, choice: dict[str, Any] | None, output_token_ids: Sequence[int]
+) -> Sequence_:
+    """`seq` (a request's sequence) followed by one choice's output, as the client received it:
+    for chat, the choice's message; for text completions, its text (or token ids)."""
+    choice = choice or {}
+    if api == "chat.completions":
+        return [*seq, message_digest(choice.get("message") or {})]  # type: ignore[misc]
+    if isinstance(seq, str):
+        return seq + (choice.get("text") or "")
+    return [*seq, *output_token_ids]  # type: ignore[misc]
+
+
 def continuation(
     api: str, body: dict[str, Any], response: dict[str, Any] | None, output_token_ids: Sequence[int]
 ) -> Sequence_:
-    """The request's sequence followed by the output the client received."""
-    seq = request_sequence(api, body)
+    """The request's sequence followed by the output of the reply's first choice."""
     choice = ((response or {}).get("choices") or [{}])[0]
-    if api == "chat.completions":
-        return [*seq, message_digest(choice.get("message") or {})]
-    if isinstance(seq, str):
-        return seq + (choice.get("text") or "")
-    return [*seq, *output_token_ids]
+    return continuation_of(api, request_sequence(api, body), choice, output_token_ids)
 
 
 def sequence_hash(seq: Sequence_) -> str:
@@ -117,6 +125,16 @@ def retry_key(session_id: str, api: str, body: dict[str, Any], idempotency_key: 
     ).hexdigest()[:40]
 
 
+# APIs whose sequences are chat message digests: the Responses and Messages APIs are recorded
+# through the chat path (their requests translated to chat messages), so a conversation may
+# continue across them.
+_CHAT_FAMILY = frozenset({"chat.completions", "responses", "messages"})
+
+
+def lineage_family(api: str) -> str:
+    return "chat" if api in _CHAT_FAMILY else api
+
+
 @dataclass
 class LineageRow:
     """What lineage needs of one completion of a session."""
@@ -128,15 +146,23 @@ class LineageRow:
     parent_id: str | None
     continuation_hash: str | None
     continuation_len: int | None
+    sibling_group: str | None = None  # the choices of one request with n > 1 share it
 
 
 def find_parent(api: str, seq: Sequence_, earlier: Iterable[LineageRow]) -> str | None:
     """The earlier completion with the longest continuation that `seq` starts with."""
     best: LineageRow | None = None
     prefix_hashes: dict[int, str] = {}
+    family = lineage_family(api)
     for row in earlier:
         n = row.continuation_len
-        if row.api != api or n is None or n == 0 or n > len(seq) or row.continuation_hash is None:
+        if (
+            lineage_family(row.api) != family
+            or n is None
+            or n == 0
+            or n > len(seq)
+            or row.continuation_hash is None
+        ):
             continue
         if n not in prefix_hashes:
             prefix_hashes[n] = sequence_hash(seq[:n])
@@ -155,8 +181,10 @@ def resolve_orphans(rows: Sequence[LineageRow]) -> dict[str, str | None]:
     """For every completion of a session: None when kept, else why it is an orphan.
 
     In each retry group the attempt the conversation continued from is kept (the most recently
-    continued, if several were); when none was continued, the last attempt is kept. A completion
-    that continues an orphan is an orphan too.
+    continued, if several were); when none was continued, the last attempt is kept. An attempt is
+    one request: the sibling choices of a request with n > 1 are kept or superseded together (a
+    sibling is not a retry of its siblings). A completion that continues an orphan is an orphan
+    too.
     """
     latest_child: dict[str, tuple[datetime, str]] = {}
     for row in rows:
@@ -169,16 +197,19 @@ def resolve_orphans(rows: Sequence[LineageRow]) -> dict[str, str | None]:
         child = latest_child.get(row.id)
         return (child is not None, child or (datetime.min, ""), row.created_at, row.id)
 
-    groups: dict[str, list[LineageRow]] = {}
+    groups: dict[str, dict[str, list[LineageRow]]] = {}
     for row in rows:
         if row.retry_group is not None:
-            groups.setdefault(row.retry_group, []).append(row)
+            attempt = row.sibling_group or row.id
+            groups.setdefault(row.retry_group, {}).setdefault(attempt, []).append(row)
     reasons: dict[str, str | None] = {row.id: None for row in rows}
-    for members in groups.values():
-        keeper = max(members, key=keep_rank)
-        for row in members:
-            if row is not keeper:
-                reasons[row.id] = f"retry superseded by {keeper.id}"
+    for attempts in groups.values():
+        keeper = max(attempts.values(), key=lambda members: max(map(keep_rank, members)))
+        kept_id = max(keeper, key=keep_rank).id
+        for members in attempts.values():
+            if members is not keeper:
+                for row in members:
+                    reasons[row.id] = f"retry superseded by {kept_id}"
     for row in sorted(rows, key=lambda r: (r.created_at, r.id)):  # parents before children
         parent = row.parent_id
         if reasons[row.id] is None and parent in reasons and reasons[parent] is not None:

@@ -32,12 +32,13 @@ async def link_into_session(db: AsyncSession, session_id: str, new: list[Complet
                 Completion.parent_id,
                 Completion.continuation_hash,
                 Completion.continuation_len,
+                Completion.sibling_group,
                 Completion.is_orphan,
                 Completion.orphan_reason,
             ).where(Completion.session_id == session_id)
         )
     ).all()
-    rows = [LineageRow(*r[:7]) for r in existing]
+    rows = [LineageRow(*r[:8]) for r in existing]
     before = {r.id: r.orphan_reason for r in existing}
     for rec in sorted(new, key=lambda r: (r.created_at, r.id)):
         rec.parent_id = find_parent(rec.api, rec.sequence or [], rows)
@@ -50,6 +51,7 @@ async def link_into_session(db: AsyncSession, session_id: str, new: list[Complet
                 rec.parent_id,
                 rec.continuation_hash,
                 rec.continuation_len,
+                rec.sibling_group,
             )
         )
         if status != "open":

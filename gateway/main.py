@@ -17,6 +17,7 @@ from .admin.backends import router as admin_backends_router
 from .admin.keys import router as admin_keys_router
 from .admin.register import router as register_router
 from .admin.router import router as admin_router
+from .anthropic.router import router as anthropic_router
 from .auth import AuthService
 from .backend_events import follow_registry
 from .body_limit import BodyLimitMiddleware
@@ -27,6 +28,7 @@ from .limits import Limiter, ReleaseSlots
 from .openai.router import router as openai_router
 from .openai.service import ProxyService
 from .recording import Recorder
+from .responses.router import router as responses_router
 from .routing import BackendPool
 from .sessions.router import router as sessions_router
 
@@ -100,6 +102,8 @@ def create_app(
     app.add_middleware(ReleaseSlots)
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(responses_router)
+    app.include_router(anthropic_router)
     app.include_router(sessions_router)
     app.include_router(admin_router)
     app.include_router(admin_backends_router)

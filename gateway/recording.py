@@ -47,12 +47,15 @@ class CompletionRecord:
     status: str = "incomplete"
     status_reason: str | None = None
     response: dict[str, Any] | None = None
+    # Responses/Messages: the chat completion body sent to the backend in the request's place.
+    backend_request: dict[str, Any] | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None
     finished_at: datetime | None = None
     # Lineage: the sequence the request was conditioned on (not stored), and what is derived.
     sequence: Any = None
     retry_group: str | None = None
+    sibling_group: str | None = None
     continuation_hash: str | None = None
     continuation_len: int | None = None
     parent_id: str | None = None
@@ -94,9 +97,11 @@ class CompletionRecord:
             "ttft_ms": self.ttft_ms,
             "request": self.request,
             "response": self.response,
+            "backend_request": self.backend_request,
             "eligible": problem is None,
             "eligibility_reason": problem,
             "retry_group": self.retry_group,
+            "sibling_group": self.sibling_group,
             "continuation_hash": self.continuation_hash,
             "continuation_len": self.continuation_len,
             "parent_id": self.parent_id,
@@ -109,7 +114,9 @@ class CompletionRecord:
 
 @dataclass
 class _Pending:
-    record: CompletionRecord
+    """Records stored together or not at all (the sibling choices of one request)."""
+
+    records: list[CompletionRecord]
     done: asyncio.Future | None
 
 
@@ -138,11 +145,13 @@ class Recorder:
     def backlog(self) -> int:
         return self._queue.qsize()
 
-    async def record(self, record: CompletionRecord) -> None:
-        """Store `record` durably; raise APIError(503) if it cannot be stored."""
+    async def record(self, record: CompletionRecord | list[CompletionRecord]) -> None:
+        """Store `record` (or several, in one transaction) durably; raise APIError(503) if it
+        cannot be stored."""
+        records = record if isinstance(record, list) else [record]
         done = asyncio.get_running_loop().create_future()
         try:
-            self._queue.put_nowait(_Pending(record, done))
+            self._queue.put_nowait(_Pending(records, done))
         except asyncio.QueueFull:
             raise APIError(
                 503,
@@ -160,17 +169,19 @@ class Recorder:
                 headers={"Retry-After": "1"},
             ) from exc
 
-    def record_nowait(self, record: CompletionRecord) -> bool:
-        """Queue `record` without waiting (for cancelled requests). False when the queue is full."""
+    def record_nowait(self, record: CompletionRecord | list[CompletionRecord]) -> bool:
+        """Queue `record` (or several) without waiting (for cancelled requests). False when the
+        queue is full."""
+        records = record if isinstance(record, list) else [record]
         try:
-            self._queue.put_nowait(_Pending(record, None))
+            self._queue.put_nowait(_Pending(records, None))
             return True
         except asyncio.QueueFull:
-            self.failed += 1
+            self.failed += len(records)
             log.error(
                 "recording queue full: completion %s (status %s) NOT recorded",
-                record.id,
-                record.status,
+                ", ".join(r.id for r in records),
+                records[0].status,
             )
             return False
 
@@ -187,7 +198,7 @@ class Recorder:
 
     async def _write_batch(self, batch: list[_Pending]) -> None:
         try:
-            await self._insert([p.record for p in batch])
+            await self._insert([r for p in batch for r in p.records])
             self._settle(batch, None)
             return
         except Exception as exc:  # one bad row must not fail its neighbours: retry one by one
@@ -197,7 +208,7 @@ class Recorder:
             log.warning("batch of %d failed (%s); retrying one by one", len(batch), exc)
         for pending in batch:
             try:
-                await self._insert([pending.record])
+                await self._insert(pending.records)
                 self._settle([pending], None)
             except Exception as exc:
                 self._settle([pending], exc)
@@ -205,10 +216,12 @@ class Recorder:
     def _settle(self, batch: list[_Pending], exc: Exception | None) -> None:
         for pending in batch:
             if exc is None:
-                self.written += 1
+                self.written += len(pending.records)
             else:
-                self.failed += 1
-                log.error("completion %s not recorded: %s", pending.record.id, exc)
+                self.failed += len(pending.records)
+                log.error(
+                    "completion %s not recorded: %s", ", ".join(r.id for r in pending.records), exc
+                )
             if pending.done is not None and not pending.done.done():
                 if exc is None:
                     pending.done.set_result(None)

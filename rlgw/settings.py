@@ -84,6 +84,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest max_tokens / max_completion_tokens a request may ask for (400 above).",
     )
+    max_n: int = Field(
+        default=16,
+        gt=0,
+        description="Most choices (n) one request may ask for; each is recorded as a completion of "
+        "its own (400 above).",
+    )
     rate_limit_rps: float = Field(
         default=100.0,
         ge=0,

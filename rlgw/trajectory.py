@@ -15,7 +15,11 @@ from sqlalchemy.orm import Session
 
 from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
-from rlgw.rewards import GroupVerdict, Member, judge_group
+from rlgw.rewards import GroupVerdict, Member, judge_group, normalize_returns
+
+# How the rewards of sibling choices (one request with n > 1) are normalized when the session did
+# not say (sessions.sibling_normalization is null).
+DEFAULT_SIBLING_NORMALIZATION = "mean_std"
 
 
 class RewardOut(BaseModel):
@@ -40,6 +44,11 @@ class Step(BaseModel):
     output_logprobs: list[float]
     output_versions: list[int | None] = Field(description="the policy version of each output token")
     finish_reason: str | None
+    sibling_group: str | None = Field(
+        default=None,
+        description="the choices of one request with n > 1 share it (see Trajectory."
+        "sibling_groups); null for n = 1",
+    )
     eligible: bool
     eligibility_reason: str | None
     rewards: list[RewardOut]
@@ -61,6 +70,19 @@ class GroupOut(BaseModel):
     size: int
 
 
+class SiblingGroupOut(BaseModel):
+    """The kept sibling choices of one request with n > 1, and their normalized rewards."""
+
+    id: str = Field(description="the record id of choice 0")
+    completion_ids: list[str]
+    status: str = Field(description="ready (every sibling rewarded) | pending")
+    returns: dict[str, float] = Field(description="each rewarded sibling's reward_raw")
+    normalized: dict[str, float] = Field(
+        description="each sibling's reward normalized within the group (the session's "
+        "sibling_normalization); empty until ready"
+    )
+
+
 class Trajectory(BaseModel):
     session_id: str
     group_id: str | None
@@ -76,6 +98,16 @@ class Trajectory(BaseModel):
     )
     steps: list[Step]
     excluded: list[Excluded] = Field(description="retry orphans: not exported, not trained on")
+    sibling_normalization: str = Field(
+        default=DEFAULT_SIBLING_NORMALIZATION,
+        description="none | mean | mean_std: how sibling choices' rewards are normalized",
+    )
+    sibling_groups: list[SiblingGroupOut] = Field(
+        default_factory=list,
+        description="sibling groups (n > 1) among the steps; with sibling_normalization other "
+        "than none, a trainer uses a sibling's `normalized` reward as that step's advantage "
+        "(GRPO over the choices of one prompt) instead of the session's return",
+    )
 
 
 def _counting_rewards(db: Session, session_ids: list[str]) -> list[tuple[Reward, bool]]:
@@ -124,6 +156,7 @@ def _step(c: Completion, rewards: list[RewardOut]) -> Step:
         output_logprobs=unpack_logprobs(c.output_logprobs),
         output_versions=[c.policy_version] * len(out_ids),
         finish_reason=c.finish_reason,
+        sibling_group=c.sibling_group,
         eligible=c.eligible,
         eligibility_reason=c.eligibility_reason,
         rewards=rewards,
@@ -170,6 +203,7 @@ def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory |
             size=size,
         )
         return_normalized = verdict.normalized.get(session_id)
+    sibling_normalization = session.sibling_normalization or DEFAULT_SIBLING_NORMALIZATION
     return Trajectory(
         session_id=session.id,
         group_id=session.group_id,
@@ -186,4 +220,29 @@ def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory |
             for c in completions
             if c.is_orphan
         ],
+        sibling_normalization=sibling_normalization,
+        sibling_groups=sibling_groups(steps, sibling_normalization),
     )
+
+
+def sibling_groups(steps: list[Step], how: str) -> list[SiblingGroupOut]:
+    """The sibling groups among `steps`: ready once every kept sibling has a counting reward, then
+    normalized with `how` (a group of one keeps its raw reward)."""
+    members: dict[str, list[Step]] = {}
+    for step in steps:
+        if step.sibling_group is not None:
+            members.setdefault(step.sibling_group, []).append(step)
+    out = []
+    for group_id, group in members.items():
+        returns = {s.completion_id: s.reward_raw for s in group if s.reward_raw is not None}
+        ready = len(returns) == len(group)
+        out.append(
+            SiblingGroupOut(
+                id=group_id,
+                completion_ids=[s.completion_id for s in group],
+                status="ready" if ready else "pending",
+                returns=returns,
+                normalized=normalize_returns(returns, how) if ready else {},
+            )
+        )
+    return out

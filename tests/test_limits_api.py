@@ -53,7 +53,8 @@ def test_max_tokens_and_n_caps(db_url):
                 assert c.post(path, json={**body, field: 64}).status_code == 200
             for bad in (0, -1, "64", 1.5, 10**30):
                 assert c.post(path, json={**body, "max_tokens": bad}).status_code == 400
-            assert c.post(path, json={**body, "n": 2}).status_code == 400
+            reply = c.post(path, json={**body, "n": 17})  # RLGW_MAX_N (16)
+            assert reply.status_code == 400 and reply.json()["error"]["code"] == "n_too_large"
 
 
 def test_rate_limit_per_key_answers_429_with_retry_after(db_url):

@@ -38,10 +38,12 @@ class CompletionPublic(BaseModel):
     latency_ms: float | None
     ttft_ms: float | None
     retry_group: str | None
+    sibling_group: str | None
     is_orphan: bool
     parent_id: str | None
     request: dict[str, Any]
     response: dict[str, Any] | None
+    backend_request: dict[str, Any] | None
     created_at: datetime
     finished_at: datetime | None
 
@@ -68,10 +70,12 @@ class CompletionPublic(BaseModel):
             latency_ms=row.latency_ms,
             ttft_ms=row.ttft_ms,
             retry_group=row.retry_group,
+            sibling_group=row.sibling_group,
             is_orphan=row.is_orphan,
             parent_id=row.parent_id,
             request=row.request,
             response=row.response,
+            backend_request=row.backend_request,
             created_at=row.created_at,
             finished_at=row.finished_at,
         )

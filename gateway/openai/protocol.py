@@ -27,7 +27,14 @@ class GenerationRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=256)
-    n: int | None = Field(default=None, description="Only n=1 is recorded per request for now.")
+    n: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description="Choices to generate, at most RLGW_MAX_N. Each is recorded as a completion of "
+        "its own: choice i under `<id>-<i>` (choice 0 under the reply's `id`), named by the "
+        "choice's `completion_id` field and the X-Completion-Ids header; they share a "
+        "`sibling_group`.",
+    )
     max_tokens: StrictInt | None = Field(
         default=None, ge=1, description="At most RLGW_MAX_TOKENS_CAP (400 above)."
     )
@@ -42,13 +49,6 @@ class GenerationRequest(BaseModel):
         "response. The gateway always asks the backend for them and records them; they reach "
         "the client only when this is true.",
     )
-
-    @field_validator("n")
-    @classmethod
-    def _single_choice(cls, n: int | None) -> int | None:
-        if n is not None and n != 1:
-            raise ValueError("only n=1 is supported by this gateway version")
-        return n
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -80,4 +80,4 @@ class CompletionRequest(GenerationRequest):
         return prompt
 
 
-ApiName = Literal["chat.completions", "completions"]
+ApiName = Literal["chat.completions", "completions", "responses", "messages"]

@@ -7,11 +7,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
 
+from rlgw.settings import Settings
+
 from ..auth import Caller, CallerDep
 from ..deps import ContextDep, header_session_id
 from ..errors import OPENAI_TAG, APIError
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .shaping import CHAT, COMPLETIONS
+from .surface import Surface
 
 router = APIRouter(tags=[OPENAI_TAG])
 HeaderSession = Annotated[str | None, Depends(header_session_id)]
@@ -25,14 +28,13 @@ IdempotencyKey = Annotated[
 ]
 
 
-async def _raw_body(request: Request) -> dict[str, Any]:
+async def raw_body(request: Request) -> dict[str, Any]:
     # The typed model validated the body; the backend gets the client's own fields, unchanged.
     return await request.json()
 
 
-def check_limits(body: GenerationRequest, cap: int) -> None:
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = getattr(body, name)
+def check_token_cap(values: dict[str, int | None], cap: int) -> None:
+    for name, value in values.items():
         if value is not None and value > cap:
             raise APIError(
                 400,
@@ -40,6 +42,29 @@ def check_limits(body: GenerationRequest, cap: int) -> None:
                 code="max_tokens_too_large",
                 param=name,
             )
+
+
+def check_limits(body: GenerationRequest, settings: Settings) -> None:
+    check_token_cap(
+        {name: getattr(body, name) for name in ("max_tokens", "max_completion_tokens")},
+        settings.max_tokens_cap,
+    )
+    if body.n is not None and body.n > settings.max_n:
+        raise APIError(
+            400,
+            f"n {body.n} exceeds this gateway's cap of {settings.max_n} (RLGW_MAX_N)",
+            code="n_too_large",
+            param="n",
+        )
+
+
+def bind_session(caller: Caller, session_id: str | None) -> str | None:
+    """The session a generation call is made in (None: an implicit one of its own)."""
+    if caller.session_id is not None and session_id is None:
+        session_id = caller.session_id  # a session token always works in its own session
+    if session_id is not None:
+        caller.require_session(session_id, "completions")
+    return session_id
 
 
 async def _generate(
@@ -51,14 +76,10 @@ async def _generate(
     session_id: str | None,
     idempotency_key: str | None,
 ):
-    if caller.session_id is not None and session_id is None:
-        session_id = caller.session_id  # a session token always works in its own session
-    if session_id is not None:
-        caller.require_session(session_id, "completions")
-    check_limits(body, ctx.settings.max_tokens_cap)
+    session_id = bind_session(caller, session_id)
+    check_limits(body, ctx.settings)
     return await ctx.proxy.generate(
-        api,
-        await _raw_body(request),
+        Surface(api, await raw_body(request)),
         session_id,
         idempotency_key,
         request.receive,

@@ -8,13 +8,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import httpx
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import lineage
 from ..errors import APIError
@@ -23,18 +23,18 @@ from ..routing import BackendPool, Lease
 from ..session_binding import implicit_session_id, open_session
 from .shaping import (
     CHAT,
-    ClientAsks,
+    COMPLETIONS,
+    Extracted,
     StreamAssembly,
-    client_asks,
-    extract,
-    make_visible,
-    upstream_body,
+    choices_by_index,
+    extract_choices,
+    sibling_id,
 )
+from .surface import Surface, backend_error_message
 
 log = logging.getLogger("rlgw.proxy")
 
-_PATHS = {CHAT: "/v1/chat/completions", "completions": "/v1/completions"}
-_ID_PREFIX = {CHAT: "chatcmpl-", "completions": "cmpl-"}
+_PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 
 
 def _now() -> datetime:
@@ -47,27 +47,40 @@ def _ms_since(t0: float) -> float:
 
 @dataclass
 class _Call:
-    """One generation request in flight through the gateway."""
+    """One generation request in flight through the gateway: one record per choice."""
 
-    api: str
-    body: dict[str, Any]
-    asks: ClientAsks
-    record: CompletionRecord
+    surface: Surface
+    records: list[CompletionRecord]
     t0: float
+    sequence: Any = None  # what the request was conditioned on (lineage)
+    choices: dict[int, dict[str, Any]] = field(default_factory=dict)  # wire-format, by index
     crossed_swap: Any = None  # () -> bool, set once a backend is leased
 
-    def finish(self, status: str, reason: str | None = None) -> CompletionRecord:
-        rec = self.record
-        rec.status, rec.status_reason = status, reason
-        if self.crossed_swap is not None and self.crossed_swap():
-            # Its tokens may come from two weight versions: never train on a guessed label.
-            rec.exclusion_reason = "the request crossed a weight swap of its backend"
-        rec.latency_ms = _ms_since(self.t0)
-        rec.finished_at = _now()
-        if rec.response is not None:
-            seq = lineage.continuation(self.api, self.body, rec.response, rec.output_token_ids)
-            rec.continuation_hash, rec.continuation_len = lineage.sequence_hash(seq), len(seq)
-        return rec
+    @property
+    def record(self) -> CompletionRecord:
+        """The record of choice 0 (whose id is the reply's id)."""
+        return self.records[0]
+
+    def finish(self, status: str, reason: str | None = None) -> list[CompletionRecord]:
+        crossed = self.crossed_swap is not None and self.crossed_swap()
+        latency, finished = _ms_since(self.t0), _now()
+        wire = self.surface.wire
+        for index, rec in enumerate(self.records):
+            rec.status, rec.status_reason = status, reason
+            if status == "complete" and index not in self.choices:
+                rec.status = "error"
+                rec.status_reason = f"the backend's reply has no choice {index}"
+            if crossed:
+                # Its tokens may come from two weight versions: never train on a guessed label.
+                rec.exclusion_reason = "the request crossed a weight swap of its backend"
+            rec.latency_ms = latency
+            rec.finished_at = finished
+            if rec.response is not None:
+                seq = lineage.continuation_of(
+                    wire, self.sequence, self.choices.get(index), rec.output_token_ids
+                )
+                rec.continuation_hash, rec.continuation_len = lineage.sequence_hash(seq), len(seq)
+        return self.records
 
 
 class RecordedStream(StreamingResponse):
@@ -90,6 +103,13 @@ class RecordedStream(StreamingResponse):
                 await self._on_abandon()
 
 
+def _fill(rec: CompletionRecord, tokens: Extracted | None) -> None:
+    if tokens is None:
+        return
+    rec.prompt_token_ids, rec.finish_reason = tokens.prompt_token_ids, tokens.finish_reason
+    rec.output_token_ids, rec.output_logprobs = tokens.output_token_ids, tokens.output_logprobs
+
+
 class ProxyService:
     def __init__(
         self, pool: BackendPool, recorder: Recorder, http: httpx.AsyncClient, sessions: Any
@@ -101,8 +121,7 @@ class ProxyService:
 
     async def generate(
         self,
-        api: str,
-        body: dict[str, Any],
+        surface: Surface,
         session_id: str | None,
         idempotency_key: str | None = None,
         receive: Any = None,
@@ -112,46 +131,82 @@ class ProxyService:
         """Serve one generation request. `receive` is the ASGI receive channel, watched for the
         client hanging up while a non-streamed answer is being generated. With a `tenant`, a
         named session must be that tenant's (or new, and then it becomes that tenant's); a new
-        implicit session is that tenant's too."""
-        record_id = _ID_PREFIX[api] + uuid.uuid4().hex
+        implicit session is that tenant's too.
+
+        Each choice is recorded on its own: choice `i` under `sibling_id(record_id, i)`; with
+        n > 1 they share `sibling_group` (the record id of choice 0)."""
+        record_id = surface.record_prefix + uuid.uuid4().hex
         if session_id is not None:
             await open_session(self._sessions, session_id, tenant)
-        call = _Call(
-            api=api,
-            body=body,
-            asks=client_asks(api, body),
-            record=CompletionRecord(
-                id=record_id,
+        n = surface.choices
+        created = _now()
+        retry_group = (
+            None
+            if session_id is None
+            else lineage.retry_key(session_id, surface.api, surface.body, idempotency_key)
+        )
+        records = [
+            CompletionRecord(
+                id=sibling_id(record_id, i),
                 session_id=session_id or implicit_session_id(record_id),
                 implicit_session=session_id is None,
                 tenant=tenant,
-                api=api,
-                model=body["model"],
-                stream=bool(body.get("stream")),
-                request=body,
-                created_at=_now(),
-                sequence=lineage.request_sequence(api, body),
-                retry_group=None
-                if session_id is None
-                else lineage.retry_key(session_id, api, body, idempotency_key),
-            ),
-            t0=time.perf_counter(),
-        )
+                api=surface.api,
+                model=surface.model,
+                stream=surface.stream,
+                request=surface.body,
+                backend_request=surface.wire_body if surface.translated else None,
+                created_at=created,
+                sequence=None,
+                retry_group=retry_group,
+                sibling_group=record_id if n > 1 else None,
+            )
+            for i in range(n)
+        ]
+        call = _Call(surface=surface, records=records, t0=time.perf_counter())
+        call.sequence = lineage.request_sequence(surface.wire, surface.wire_body)
+        for rec in records:
+            rec.sequence = call.sequence
         headers = {"X-Session-Id": call.record.session_id, "X-Completion-Id": record_id}
+        if n > 1:
+            headers["X-Completion-Ids"] = ",".join(r.id for r in records)
         try:
-            if call.record.stream:
+            if surface.stream:
                 return await self._stream(call, headers)
             return await self._complete(call, headers, receive)
         except APIError as exc:  # tell the client which record holds the failure
             exc.headers = {**(exc.headers or {}), **headers}
             raise
 
-    async def _complete(self, call: _Call, headers: dict[str, str], receive: Any) -> JSONResponse:
-        async with self._pool.lease(call.record.model) as lease:
+    async def count_tokens(self, chat: dict[str, Any]) -> int:
+        """How many tokens the backend renders a chat request's prompt to (nothing recorded)."""
+        body = {
+            k: chat[k]
+            for k in ("model", "messages", "tools", "chat_template_kwargs")
+            if chat.get(k) is not None
+        }
+        body["add_generation_prompt"] = True
+        async with self._pool.lease(chat["model"]) as lease:
+            try:
+                reply = await self._http.post(lease.url + "/tokenize", json=body)
+            except httpx.HTTPError as exc:
+                raise APIError(
+                    502, "the backend could not be reached", code="backend_error"
+                ) from exc
+        if reply.status_code != 200:
+            message, _ = backend_error_message(reply.status_code, reply.content)
+            status = 502 if reply.status_code >= 500 else reply.status_code
+            raise APIError(status, message, code="backend_error")
+        try:
+            return int(reply.json()["count"])
+        except (ValueError, KeyError, TypeError):
+            raise APIError(502, "the backend sent an invalid reply", code="backend_error") from None
+
+    async def _complete(self, call: _Call, headers: dict[str, str], receive: Any) -> Response:
+        surface = call.surface
+        async with self._pool.lease(surface.model) as lease:
             self._stamp(call, lease)
-            post = self._http.post(
-                lease.url + _PATHS[call.api], json=upstream_body(call.api, call.body)
-            )
+            post = self._http.post(lease.url + _PATHS[surface.wire], json=surface.upstream())
             try:
                 reply = await _unless_client_leaves(post, receive)
             except httpx.HTTPError as exc:
@@ -168,27 +223,32 @@ class ProxyService:
             await self._record_failure(
                 call, f"backend answered {reply.status_code}: {reply.text[:500]}"
             )
-            return _relay_error(reply.status_code, reply.content, headers)
-        payload = reply.json()
-        tokens = extract(call.api, payload)
-        rec = call.record
-        rec.prompt_token_ids, rec.finish_reason = tokens.prompt_token_ids, tokens.finish_reason
-        rec.output_token_ids, rec.output_logprobs = tokens.output_token_ids, tokens.output_logprobs
-        make_visible(call.api, payload, call.asks, rec.id)
-        rec.response = payload
-        rec.ttft_ms = None
+            return surface.relay_error(reply.status_code, reply.content, headers)
+        try:
+            payload = reply.json()
+            if not isinstance(payload, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            await self._record_failure(call, f"backend sent invalid JSON: {reply.text[:200]!r}")
+            raise APIError(502, "the backend sent an invalid reply", code="backend_error") from None
+        call.choices = choices_by_index(payload)
+        tokens = extract_choices(surface.wire, payload)
+        for index, rec in enumerate(call.records):
+            _fill(rec, tokens.get(index))
+        client_payload, stored = surface.reply(payload, call.record.id)
+        for index, rec in enumerate(call.records):
+            rec.response = stored[index] if index < len(stored) else None
         await self._recorder.record(call.finish("complete"))
-        return JSONResponse(payload, headers=headers)
+        return JSONResponse(client_payload, headers=headers)
 
-    async def _stream(
-        self, call: _Call, headers: dict[str, str]
-    ) -> StreamingResponse | JSONResponse:
-        lease_cm = self._pool.lease(call.record.model)
+    async def _stream(self, call: _Call, headers: dict[str, str]) -> Response:
+        surface = call.surface
+        lease_cm = self._pool.lease(surface.model)
         lease = await lease_cm.__aenter__()
         try:
             self._stamp(call, lease)
             request = self._http.build_request(
-                "POST", lease.url + _PATHS[call.api], json=upstream_body(call.api, call.body)
+                "POST", lease.url + _PATHS[surface.wire], json=surface.upstream()
             )
             upstream = await self._http.send(request, stream=True)
         except BaseException as exc:
@@ -208,24 +268,18 @@ class ProxyService:
                 f"backend answered {upstream.status_code}: "
                 f"{content[:500].decode(errors='replace')}",
             )
-            return _relay_error(upstream.status_code, content, headers)
+            return surface.relay_error(upstream.status_code, content, headers)
         relay = _Relay(call, upstream, lease_cm, self._recorder)
         return RecordedStream(
             relay.run(), relay.abandon, media_type="text/event-stream", headers=headers
         )
 
-    @staticmethod
-    def _fill(rec: CompletionRecord, assembly: StreamAssembly) -> None:
-        tokens = assembly.tokens
-        rec.prompt_token_ids, rec.finish_reason = tokens.prompt_token_ids, tokens.finish_reason
-        rec.output_token_ids, rec.output_logprobs = tokens.output_token_ids, tokens.output_logprobs
-        rec.response = assembly.response(rec.id)
-
     def _stamp(self, call: _Call, lease: Lease) -> None:
         # The version resident on the backend for the whole lease: a swap drains the backend
         # first, and a request still running when the swap pauses it is caught by its epoch.
-        call.record.backend_id = lease.backend_id
-        call.record.policy_version = lease.served_version
+        for rec in call.records:
+            rec.backend_id = lease.backend_id
+            rec.policy_version = lease.served_version
         call.crossed_swap = lambda: self._pool.crossed_swap(lease)
 
     async def _record_failure(self, call: _Call, reason: str) -> None:
@@ -260,12 +314,17 @@ class _Relay:
             )
 
     async def run(self) -> AsyncIterator[bytes]:
-        """Relay chunks as they come; send [DONE] only after the record is committed."""
+        """Relay chunks as they come; end the stream only after the records are committed."""
         self.started = True
-        call, rec = self.call, self.call.record
-        assembly = StreamAssembly(call.api)
+        call = self.call
+        surface, rec = call.surface, call.record
+        assembly = StreamAssembly(surface.wire)
+        shaper = surface.shaper(assembly, rec.id)
+        n = len(call.records)
         outcome: tuple[str, str | None] = ("incomplete", "client disconnected before the end")
         try:
+            for event in shaper.start():
+                yield event
             async for line in self.upstream.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -273,45 +332,54 @@ class _Relay:
                 if data == "[DONE]":
                     outcome = (
                         ("complete", None)
-                        if assembly.tokens.finish_reason
+                        if assembly.finished(n)
                         else ("incomplete", "stream ended without a finish reason")
                     )
                     break
                 chunk = json.loads(data)
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"not a stream chunk: {data[:100]!r}")
                 if "error" in chunk:
                     outcome = (
                         "error",
                         f"backend error in stream: {json.dumps(chunk['error'])[:500]}",
                     )
-                    yield _sse(chunk)
+                    yield shaper.backend_error(chunk)
                     break
                 if rec.ttft_ms is None and chunk.get("choices"):
-                    rec.ttft_ms = _ms_since(call.t0)
+                    ttft = _ms_since(call.t0)
+                    for r in call.records:
+                        r.ttft_ms = ttft
                 assembly.add(chunk)
-                make_visible(call.api, chunk, call.asks, rec.id)
-                yield _sse(chunk)
+                for event in shaper.chunk(chunk):
+                    yield event
             else:
                 outcome = ("incomplete", "backend stream ended without [DONE]")
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        except (httpx.HTTPError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
             outcome = ("incomplete", f"backend stream cut: {exc!r}")
         finally:
             await self._release()
-            ProxyService._fill(rec, assembly)
+            for index, r in enumerate(call.records):
+                if index in assembly.choices:
+                    _fill(r, assembly.choices[index].tokens)
+                    call.choices[index] = assembly.choice_view(index)
+                    r.response = shaper.record_response(index)
+                elif r.prompt_token_ids is None:
+                    r.prompt_token_ids = assembly.prompt_token_ids
             call.finish(*outcome)
             if outcome[0] != "complete":  # also runs when the client disconnected (cancellation)
-                self.recorder.record_nowait(rec)
+                self.recorder.record_nowait(call.records)
         if outcome[0] == "complete":
             try:
-                await self.recorder.record(rec)
+                await self.recorder.record(call.records)
             except APIError as exc:  # never report success for a completion that was not stored
-                yield _sse(exc.envelope())
+                yield shaper.error(exc)
                 return
-            yield b"data: [DONE]\n\n"
+            for event in shaper.finish():
+                yield event
         elif outcome[0] == "incomplete":
-            yield _sse(
-                APIError(
-                    502, f"stream did not complete: {outcome[1]}", code="stream_incomplete"
-                ).envelope()
+            yield shaper.error(
+                APIError(502, f"stream did not complete: {outcome[1]}", code="stream_incomplete")
             )
 
 
@@ -339,26 +407,3 @@ async def _unless_client_leaves(work: Any, receive: Any) -> Any:
     if not task.done() or task.cancelled():
         raise _ClientGone
     return task.result()
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _relay_error(status: int, content: bytes, headers: dict[str, str]) -> JSONResponse:
-    """Pass a backend's 4xx through in the OpenAI envelope; a backend 5xx becomes a 502."""
-    try:
-        payload = json.loads(content)
-    except ValueError:
-        payload = None
-    if status >= 500 or not isinstance(payload, dict) or "error" not in payload:
-        message = (
-            "the backend failed to answer" if status >= 500 else "the backend refused the request"
-        )
-        detail = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
-        if isinstance(detail, str) and status < 500:
-            message = detail
-        return APIError(
-            502 if status >= 500 else status, message, code="backend_error", headers=headers
-        ).response()
-    return JSONResponse(payload, status_code=status, headers=headers)

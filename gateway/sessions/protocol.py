@@ -38,6 +38,12 @@ class SessionCreate(BaseModel):
         description="The group's reward normalization; default from the server's "
         "RLGW_REWARD_NORMALIZATION. Fixed by the group's first session.",
     )
+    sibling_normalization: Literal["none", "mean", "mean_std"] | None = Field(
+        default=None,
+        description="How the rewards of the sibling choices of one request (n > 1) are "
+        "normalized within their sibling group for training; default mean_std. `none`: siblings "
+        "are not a group of their own (every completion takes the session's return).",
+    )
     task_id: str | None = Field(default=None, max_length=256, pattern=PRINTABLE)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -57,6 +63,7 @@ class SessionPublic(BaseModel):
     task_id: str | None
     metadata: dict[str, Any]
     train: bool
+    sibling_normalization: str = Field(description="none | mean | mean_std")
     status: str = Field(description="open | closed | consumed")
     base_url: str = Field(description="Hand this to the agent as its OpenAI base URL.")
     created_at: datetime
@@ -73,6 +80,7 @@ class CompletionSummary(BaseModel):
     is_orphan: bool
     orphan_reason: str | None
     retry_group: str | None
+    sibling_group: str | None
     parent_id: str | None
     created_at: datetime
 

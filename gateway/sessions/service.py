@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
 from rlgw.settings import Settings
-from rlgw.trajectory import RewardOut
+from rlgw.trajectory import DEFAULT_SIBLING_NORMALIZATION, RewardOut
 
 from ..errors import APIError, session_not_found
 from .protocol import CompletionSummary, RewardCreate, SessionCreate, SessionDetail, SessionPublic
@@ -41,6 +41,7 @@ def public(session: AgentSession, gateway_url: str) -> SessionPublic:
         task_id=session.task_id,
         metadata=session.meta,
         train=session.train,
+        sibling_normalization=session.sibling_normalization or DEFAULT_SIBLING_NORMALIZATION,
         status=session.status,
         base_url=f"{gateway_url}/sessions/{session.id}/v1",
         created_at=session.created_at,
@@ -111,6 +112,7 @@ async def create_session(
                     meta=body.metadata,
                     train=body.train,
                     tenant=tenant,
+                    sibling_normalization=body.sibling_normalization,
                 )
                 .on_conflict_do_nothing()
                 .returning(AgentSession.id)
@@ -137,6 +139,7 @@ async def session_detail(
                 Completion.is_orphan,
                 Completion.orphan_reason,
                 Completion.retry_group,
+                Completion.sibling_group,
                 Completion.parent_id,
                 Completion.created_at,
             )

@@ -163,6 +163,11 @@ class AgentSession(Base):
     dropped_reason: Mapped[str | None] = mapped_column(
         Text, comment="why training will never use this session"
     )
+    sibling_normalization: Mapped[str | None] = mapped_column(
+        String(16),
+        comment="none|mean|mean_std: how the rewards of sibling choices (n > 1) are normalized "
+        "within their sibling group; null: mean_std",
+    )
 
 
 class Completion(Base):
@@ -173,11 +178,14 @@ class Completion(Base):
         Index(None, "session_id", "created_at"),
         Index(None, "retry_group"),
         Index(None, "created_at"),
+        Index(None, "sibling_group"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
-    api: Mapped[str] = mapped_column(String(32), comment="chat.completions|completions")
+    api: Mapped[str] = mapped_column(
+        String(32), comment="chat.completions|completions|responses|messages"
+    )
     model: Mapped[str] = mapped_column(String(128))
     backend_id: Mapped[int | None] = mapped_column(ForeignKey("backends.id", ondelete="SET NULL"))
     policy_version: Mapped[int | None] = mapped_column(Integer)
@@ -196,7 +204,17 @@ class Completion(Base):
     response: Mapped[dict[str, Any] | None] = mapped_column(
         JSON, comment="the response the client received (streams: assembled)"
     )
+    backend_request: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON,
+        comment="responses|messages: the chat completion body the gateway sent to the backend "
+        "in its place",
+    )
     retry_group: Mapped[str | None] = mapped_column(String(64))
+    sibling_group: Mapped[str | None] = mapped_column(
+        String(64),
+        comment="the choices of one request with n > 1 share it (the record id of choice 0); "
+        "null for n = 1",
+    )
     is_orphan: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     orphan_reason: Mapped[str | None] = mapped_column(Text)
     parent_id: Mapped[str | None] = mapped_column(String(64))

@@ -1,0 +1,1 @@
+"""Anthropic Messages API surface: translated to the recorded chat path."""

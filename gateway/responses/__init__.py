@@ -1,0 +1,1 @@
+"""OpenAI Responses API surface: translated to the recorded chat path."""
