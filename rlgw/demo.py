@@ -11,15 +11,14 @@ async (default): agents keep generating while the trainer trains and swaps (ARea
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx
-import openai
 
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.database import resolve_database_url
@@ -28,8 +27,6 @@ from rlgw.db.migrate import upgrade
 from rlgw.registry import register_backend
 from rlgw.serve import GatewayThread
 from rlgw.settings import Settings
-
-MAX_TOKENS = 8
 
 
 @dataclass
@@ -43,6 +40,7 @@ class DemoOptions:
     eval_prompts: int = 64
     eval_samples: int = 2
     eval_every_s: float = 30.0
+    concurrency: int = 24  # sessions in flight at once (agents and evaluation together)
     lr: float = 2e-3
     out_dir: Path = Path("demo-results")
     backend_port: int | None = None
@@ -80,15 +78,31 @@ class DemoRun:
         self.t0 = 0.0
         self.generated = 0  # training groups fully played
         self.in_flight = 0  # training groups being played
+        self.updates: list[dict] = []  # the trainer's metrics, one per version
 
     # ------------------------------------------------------------------ setup
     def model_dir(self) -> Path:
-        from trainer.init_model import create_demo_model
+        """The warm-started policy for this seed (created once, then reused)."""
+        from trainer.warm_start import init_demo_model
 
         path = self.settings.home / "models" / f"demo-seed{self.options.seed}"
-        if not (path / "config.json").exists():
-            create_demo_model(path, seed=self.options.seed)
+        if not (path / "rlgw_model.json").exists() or not (path / "config.json").exists():
+            print(f"[demo] warm-starting the policy for seed {self.options.seed}", flush=True)
+            init_demo_model(path, seed=self.options.seed, overwrite=True)
         return path
+
+    def training_prompts(self, worker: int) -> Iterator:
+        """Endless training-split prompts for one agent worker."""
+        prompts = self.task.make_prompts(
+            f"demo-{self.options.seed}-{worker}", 4096, self.task.TRAIN_SPLIT
+        )
+        return itertools.cycle(prompts)
+
+    def held_out_prompts(self) -> list:
+        """The same held-out prompts at every evaluation (never trained on: a disjoint split)."""
+        return self.task.make_prompts(
+            "held-out-eval", self.options.eval_prompts, self.task.HELD_OUT_SPLIT
+        )
 
     def gateway_settings(self) -> Settings:
         return self.settings.model_copy(
@@ -96,59 +110,55 @@ class DemoRun:
         )
 
     # ------------------------------------------------------------------ agents
-    async def play(self, http: httpx.AsyncClient, prompt, size: int, *, train: bool) -> list[float]:
-        """`size` sessions of one completion each on one prompt; rewards posted over REST.
+    async def play(self, gw, prompt, size: int, *, train: bool) -> list[float]:
+        """`size` sessions of one completion each on one prompt, through the SDK (REST) and the
+        official openai client bound to each session's base URL.
 
         Training prompts form one group (GRPO-style, normalized together); held-out evaluation
-        sessions are recorded with `train: false`, so they are never trained on.
+        sessions are recorded with `train=False`, so they are never trained on.
         """
-        body: dict = {"train": train, "task_id": prompt.id}
-        if train:
-            body.update(group_id=f"g-{uuid.uuid4().hex}", group_size=size, normalization="mean_std")
+        group = (
+            {"group_id": f"g-{uuid.uuid4().hex}", "group_size": size, "normalization": "mean_std"}
+            if train
+            else {}
+        )
 
         async def one() -> float:
-            session = (await http.post("/v1/sessions", json=body)).json()
-            client = openai.AsyncOpenAI(
-                base_url=session["base_url"], api_key="unused", max_retries=2
-            )
-            reply = await client.chat.completions.create(
-                model=self.model_name,
-                messages=prompt.messages,
-                max_tokens=MAX_TOKENS,
-                temperature=1.0,
-            )
-            await client.close()
-            value = self.task.reward(prompt, reply.choices[0].message.content or "")
-            await http.post(
-                f"/v1/sessions/{session['id']}/rewards",
-                json={"value": value},
-                headers={"Idempotency-Key": f"{session['id']}:final"},
-            )
-            await http.post(f"/v1/sessions/{session['id']}/close")
-            return value
+            async with self.slots:
+                session = await gw.create_session(
+                    id=f"s-{uuid.uuid4().hex}", train=train, task_id=prompt.prompt_id, **group
+                )
+                client = session.openai(max_retries=2)
+                reply = await client.chat.completions.create(
+                    model=self.model_name,
+                    messages=prompt.messages,
+                    max_tokens=self.task.MAX_NEW_TOKENS,
+                    temperature=1.0,
+                )
+                await client.close()
+                value = self.task.reward(prompt, reply.choices[0].message.content or "")
+                await session.reward(value, idempotency_key=f"{session.id}:final")
+                await session.close()
+                return value
 
         return list(await asyncio.gather(*(one() for _ in range(size))))
 
-    async def agent_loop(self, http: httpx.AsyncClient, worker: int, gate: asyncio.Event) -> None:
-        prompts = self.task.training_prompts(seed=self.options.seed * 1000 + worker)
+    async def agent_loop(self, gw, worker: int, gate: asyncio.Event) -> None:
+        prompts = self.training_prompts(worker)
         while not self.stop.is_set():
             await gate.wait()  # closed while the synchronous baseline trains
             self.in_flight += 1
             try:
-                await self.play(http, next(prompts), self.options.group_size, train=True)
+                await self.play(gw, next(prompts), self.options.group_size, train=True)
                 self.generated += 1
             finally:
                 self.in_flight -= 1
 
-    async def served_version(self, http: httpx.AsyncClient) -> int:
-        backends = (await http.get("/healthz")).json()["backends"]
-        return min(b["served_version"] for b in backends)
-
-    async def evaluate(self, http: httpx.AsyncClient) -> float:
-        version = await self.served_version(http)
-        prompts = self.task.held_out_prompts(self.options.eval_prompts)
+    async def evaluate(self, gw) -> float:
+        version = self.trainer.version  # the latest committed version (swaps follow within ~1 s)
+        prompts = self.held_out_prompts()
         rewards = await asyncio.gather(
-            *(self.play(http, p, self.options.eval_samples, train=False) for p in prompts)
+            *(self.play(gw, p, self.options.eval_samples, train=False) for p in prompts)
         )
         mean = sum(sum(r) for r in rewards) / sum(len(r) for r in rewards)
         self.curve.add(time.monotonic() - self.t0, version, mean)
@@ -183,6 +193,7 @@ class DemoRun:
             app = create_app(self.gateway_settings())
             with GatewayThread(app, o.gateway_port or _free_port()) as gateway:
                 trainer = OnlineTrainer(self.settings, engine, self.model_name, config)
+                self.trainer = trainer
                 try:
                     asyncio.run(self.drive(gateway.url, trainer))
                 finally:
@@ -194,13 +205,16 @@ class DemoRun:
 
     async def drive(self, url: str, trainer) -> None:
         o = self.options
-        async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+        from rlgw_sdk import AsyncGateway
+
+        self.slots = asyncio.Semaphore(self.options.concurrency)
+        async with AsyncGateway(url, timeout=300) as gw:
             self.t0 = time.monotonic()
             deadline = self.t0 + o.minutes * 60
-            await self.evaluate(http)
+            await self.evaluate(gw)
             gate = asyncio.Event()
             gate.set()
-            agents = [asyncio.create_task(self.agent_loop(http, i, gate)) for i in range(o.agents)]
+            agents = [asyncio.create_task(self.agent_loop(gw, i, gate)) for i in range(o.agents)]
             next_eval = time.monotonic() + o.eval_every_s
             training = None
             if not o.sync:  # the trainer runs beside the agents
@@ -214,7 +228,7 @@ class DemoRun:
                 else:
                     await asyncio.sleep(1.0)
                 if time.monotonic() >= next_eval and time.monotonic() < deadline:
-                    await self.evaluate(http)
+                    await self.evaluate(gw)
                     next_eval = time.monotonic() + o.eval_every_s
             self.stop.set()
             gate.set()
@@ -223,12 +237,18 @@ class DemoRun:
             await asyncio.gather(*agents, return_exceptions=True)
             if training is not None:
                 training.join(timeout=120)
-            await self.evaluate(http)
+            await self.evaluate(gw)
 
     def _train_until_stopped(self, trainer) -> None:
         while not self.stop.is_set():
-            if trainer.step() is None:
+            if self._train_once(trainer) is None:
                 time.sleep(0.2)
+
+    def _train_once(self, trainer):
+        report = trainer.step()
+        if report is not None and report.version is not None:
+            self.updates.append(report.metrics)
+        return report
 
     async def _sync_round(self, trainer, gate: asyncio.Event, deadline: float) -> None:
         """Generate one update's worth of groups, stop generating, train and swap, resume."""
@@ -238,7 +258,7 @@ class DemoRun:
         gate.clear()
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        while await asyncio.to_thread(trainer.step) is not None:
+        while await asyncio.to_thread(self._train_once, trainer) is not None:
             pass
         gate.set()
 
