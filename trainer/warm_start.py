@@ -37,11 +37,12 @@ from trainer.demo_task import HELD_OUT_SPLIT, TRAIN_SPLIT, Prompt
 # warm_start(**{k: v for k, v in WARM_START.items() if k != "preset"}).
 WARM_START: dict[str, Any] = dict(
     preset="tiny",
-    steps=400,  # an upper bound: training normally stops at ~130-150 (stop_nll)
+    steps=250,  # per attempt, an upper bound: training normally stops at ~110-160 (stop_nll)
     lr=3e-3,
     batch_size=128,
     label_smoothing=0.3,
     stop_nll=0.45,
+    restarts=2,  # redraw the init if an attempt has not reached stop_nll after `steps`
     warmup_steps=20,
     grad_clip=1.0,
     weight_decay=0.0,
@@ -94,9 +95,30 @@ def encode_examples(tokenizer, prompts: Sequence[Prompt]):
     return input_ids, label_ids, mask
 
 
-def batch_prompts(seed: int, step: int, batch_size: int) -> list[Prompt]:
+def batch_prompts(seed: int, attempt: int, step: int, batch_size: int) -> list[Prompt]:
     """The TRAIN-split prompts of one warm-start step (never a held-out prompt)."""
-    return demo_task.make_prompts(f"warm_start/{seed}/{step}", batch_size, TRAIN_SPLIT)
+    return demo_task.make_prompts(f"warm_start/{seed}/{attempt}/{step}", batch_size, TRAIN_SPLIT)
+
+
+def restart_init_seed(seed: int, attempt: int) -> int:
+    """The init seed of restart `attempt` (>= 1); attempt 0 keeps the checkpoint's weights."""
+    return seed + 1_000_003 * attempt
+
+
+def _reinitialise(model, init_seed: int) -> None:
+    """Redraw the weights exactly as create_model would for `init_seed`."""
+    from trainer.init_model import ModelShape, build_model
+
+    cfg = model.config
+    shape = ModelShape(
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+        cfg.max_position_embeddings,
+    )
+    model.load_state_dict(build_model(shape, init_seed).state_dict())
 
 
 def warm_start(
@@ -108,6 +130,7 @@ def warm_start(
     batch_size: int = WARM_START["batch_size"],
     label_smoothing: float = WARM_START["label_smoothing"],
     stop_nll: float | None = WARM_START["stop_nll"],
+    restarts: int = WARM_START["restarts"],
     warmup_steps: int = WARM_START["warmup_steps"],
     grad_clip: float | None = WARM_START["grad_clip"],
     weight_decay: float = WARM_START["weight_decay"],
@@ -117,101 +140,157 @@ def warm_start(
 ) -> dict[str, Any]:
     """Train the checkpoint in `model_dir` in place; returns a summary of the run.
 
-    Deterministic for a seed on a given machine and thread count (the data, the order and
-    torch's RNG all come from `seed`; torch runs with deterministic algorithms). Stops after
-    `steps` steps, or earlier once the moving average of the assistant-token NLL is below
-    `stop_nll` (None: never early).
+    An attempt runs at most `steps` steps and ends early once the moving average of the
+    assistant-token NLL is below `stop_nll` (None: never early). If an attempt ends without
+    reaching `stop_nll` (the copying circuit never formed: a few random inits in ten stay on the
+    plateau for hundreds of steps whatever the data), the weights are redrawn from
+    restart_init_seed(seed, attempt) and training starts again, `restarts` times at most; the
+    last attempt is kept whatever its loss.
+
+    Deterministic for a seed on a given machine (data, order, restarts and torch's RNG all
+    come from `seed`; torch runs with deterministic algorithms).
     """
     import torch
-    import torch.nn.functional as F
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     log = log or (lambda line: print(line, flush=True))
     model_dir = Path(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    recipe = dict(
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        label_smoothing=label_smoothing,
+        stop_nll=stop_nll,
+        restarts=restarts,
+        warmup_steps=warmup_steps,
+        grad_clip=grad_clip,
+        weight_decay=weight_decay,
+    )
+    max_attempts = 1 + (restarts if stop_nll is not None else 0)
 
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
-    torch.manual_seed(seed)
+    started = time.monotonic()
+    total_steps = 0
     try:
-        model.train()
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999)
-        )
-        started = time.monotonic()
-        ema = None
-        loss_value = nll_value = float("nan")
-        step = 0
-        stopped_early = False
-        for step in range(1, steps + 1):
-            input_ids, labels, mask = encode_examples(
-                tokenizer, batch_prompts(seed, step, batch_size)
+        for attempt in range(max_attempts):
+            if attempt:
+                init_seed = restart_init_seed(seed, attempt)
+                log(f"[warm-start] restart {attempt}: weights redrawn from init seed {init_seed}")
+                _reinitialise(model, init_seed)
+            torch.manual_seed(seed + attempt)
+            result = _train(
+                model,
+                tokenizer,
+                seed=seed,
+                attempt=attempt,
+                log=log,
+                log_every=log_every,
+                started=started,
+                **{k: v for k, v in recipe.items() if k != "restarts"},
             )
-            logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1]
-            flat_logits = logits.reshape(-1, logits.size(-1)).float()
-            flat_labels = labels[:, 1:].reshape(-1)
-            nll = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
-            loss = (
-                F.cross_entropy(
-                    flat_logits,
-                    flat_labels,
-                    ignore_index=IGNORE_INDEX,
-                    label_smoothing=label_smoothing,
-                )
-                if label_smoothing
-                else nll
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            current_lr = lr * min(1.0, step / warmup_steps) if warmup_steps else lr
-            for group in optimizer.param_groups:
-                group["lr"] = current_lr
-            optimizer.step()
-
-            loss_value, nll_value = loss.item(), nll.item()
-            ema = nll_value if ema is None else _EMA * ema + (1 - _EMA) * nll_value
-            stopped_early = stop_nll is not None and ema < stop_nll
-            if (log_every and step % log_every == 0) or stopped_early or step == steps:
-                log(
-                    f"[warm-start] step {step}/{steps} loss {loss_value:.4f} "
-                    f"nll {nll_value:.4f} (avg {ema:.4f}) lr {current_lr:.2e} "
-                    f"{time.monotonic() - started:.1f}s"
-                )
-            if stopped_early:
-                log(f"[warm-start] nll average {ema:.4f} < {stop_nll}: stopping at step {step}")
+            total_steps += result["steps_run"]
+            if result["converged"]:
                 break
-        seconds = time.monotonic() - started
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
+    seconds = time.monotonic() - started
 
     summary = dict(
         task=demo_task.TASK_NAME,
         seed=seed,
-        steps_run=step,
-        stopped_early=stopped_early,
-        final_loss=loss_value,
-        final_nll=nll_value,
-        nll_average=ema,
+        attempts=attempt + 1,
+        init_seed=restart_init_seed(seed, attempt) if attempt else None,
+        total_steps=total_steps,
         seconds=round(seconds, 2),
-        recipe=dict(
-            steps=steps,
-            lr=lr,
-            batch_size=batch_size,
-            label_smoothing=label_smoothing,
-            stop_nll=stop_nll,
-            warmup_steps=warmup_steps,
-            grad_clip=grad_clip,
-            weight_decay=weight_decay,
-        ),
+        **result,
+        recipe=recipe,
     )
     model.eval()
     if save:
         _save_in_place(model, model_dir, summary)
-        log(f"[warm-start] saved to {model_dir} ({step} steps, {seconds:.1f}s)")
+        log(f"[warm-start] saved to {model_dir} ({total_steps} steps, {seconds:.1f}s)")
     return summary
+
+
+def _train(
+    model,
+    tokenizer,
+    *,
+    seed,
+    attempt,
+    steps,
+    lr,
+    batch_size,
+    label_smoothing,
+    stop_nll,
+    warmup_steps,
+    grad_clip,
+    weight_decay,
+    log,
+    log_every,
+    started,
+) -> dict[str, Any]:
+    """One attempt: AdamW on the label-smoothed CE of the assistant tokens."""
+    import torch
+    import torch.nn.functional as F
+
+    model.train()
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999)
+    )
+    ema = None
+    loss_value = nll_value = float("nan")
+    step = 0
+    converged = False
+    for step in range(1, steps + 1):
+        input_ids, labels, mask = encode_examples(
+            tokenizer, batch_prompts(seed, attempt, step, batch_size)
+        )
+        logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1]
+        flat_logits = logits.reshape(-1, logits.size(-1)).float()
+        flat_labels = labels[:, 1:].reshape(-1)
+        nll = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
+        loss = (
+            F.cross_entropy(
+                flat_logits, flat_labels, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing
+            )
+            if label_smoothing
+            else nll
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        current_lr = lr * min(1.0, step / warmup_steps) if warmup_steps else lr
+        for group in optimizer.param_groups:
+            group["lr"] = current_lr
+        optimizer.step()
+
+        loss_value, nll_value = loss.item(), nll.item()
+        ema = nll_value if ema is None else _EMA * ema + (1 - _EMA) * nll_value
+        converged = stop_nll is not None and ema < stop_nll
+        if (log_every and step % log_every == 0) or converged or step == steps:
+            log(
+                f"[warm-start] step {step}/{steps} loss {loss_value:.4f} "
+                f"nll {nll_value:.4f} (avg {ema:.4f}) lr {current_lr:.2e} "
+                f"{time.monotonic() - started:.1f}s"
+            )
+        if converged:
+            log(f"[warm-start] nll average {ema:.4f} < {stop_nll}: stopping at step {step}")
+            break
+    if stop_nll is None:
+        converged = True
+    model.eval()
+    return dict(
+        steps_run=step,
+        converged=converged,
+        final_loss=loss_value,
+        final_nll=nll_value,
+        nll_average=ema,
+    )
 
 
 def _save_in_place(model, model_dir: Path, summary: dict[str, Any]) -> None:
