@@ -11,10 +11,14 @@ in HELD_OUT_SPLIT iff the first byte of its sha256 is divisible by 8 (about 1 in
 otherwise in TRAIN_SPLIT. The warm start and the online RL only ever draw TRAIN_SPLIT prompts, so
 a held-out prompt is never trained on, whatever the seeds.
 
-Why this task (measured with the tiny preset; see trainer/warm_start.py): a 2-layer model
-learns to copy in ~150 supervised steps; reversing, shifting letters or counting through the
-alphabet are not learned reliably in the same budget, and online RL only sharpens a policy
-that already has the copying circuit, it does not build one.
+Why this task (measured with the tiny preset, 2 layers / 2 heads, on CPU; see the report in
+trainer/warm_start.py): copying is the one candidate the tiny model learns in a short supervised
+run (~130 steps of 128 examples). Reversing 3-4 letters, shifting each letter to the next one,
+and 8-letter alphabets stayed at the unigram plateau for 300-1000 steps; "count from K by 2"
+(KMOQ) was learned gradually but online RL made it worse. Online RL does not reliably finish a
+circuit the warm start left half-built (from half-trained copy policies 3 of 8 runs reached +0.3
+in 150 updates, some got worse); it sharpens one that is there, which is what the
+label-smoothed warm start leaves: greedy answers right, temperature-1 samples ~0.35-0.45.
 """
 
 from __future__ import annotations
@@ -104,13 +108,20 @@ def _as_text(completion: object) -> str:
     return completion
 
 
+_SPECIAL_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>")
+
+
 def score(target: str, completion: object) -> float:
     """Positional character accuracy of `completion` against `target`, in [0, 1].
 
-    Surrounding whitespace is ignored; anything else (a longer or shorter answer, a wrong
-    letter, U+FFFD, a stray special-token string) costs credit. 1.0 only for the exact answer.
+    Surrounding whitespace and a trailing end-of-turn marker (a server that does not skip special
+    tokens) are ignored; anything else (a longer or shorter answer, a wrong letter, U+FFFD)
+    costs credit. 1.0 only for the exact answer.
     """
     answer = _as_text(completion).strip()
+    while answer.endswith(_SPECIAL_TOKEN_TEXTS):
+        for marker in _SPECIAL_TOKEN_TEXTS:
+            answer = answer.removesuffix(marker).rstrip()
     if not answer or not target:
         return 0.0
     hits = sum(a == t for a, t in zip(answer, target, strict=False))

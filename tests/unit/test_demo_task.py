@@ -34,8 +34,11 @@ def test_perfect_answer_scores_one() -> None:
         assert reward(p, p.target) == 1.0
 
 
-def test_surrounding_whitespace_is_ignored() -> None:
+def test_surrounding_whitespace_and_a_trailing_end_marker_are_ignored() -> None:
     assert reward(prompt(), " kxqm\n") == 1.0
+    assert reward(prompt(), "kxqm<|im_end|>") == 1.0  # a server that keeps special tokens
+    assert reward(prompt(), "kxqm<|im_end|>\n<|endoftext|>") == 1.0
+    assert reward(prompt(), "kx<|im_end|>qm") < 1.0
 
 
 @pytest.mark.parametrize(
@@ -52,6 +55,7 @@ def test_surrounding_whitespace_is_ignored() -> None:
         "1234",
         "KXQM",
         "<|endoftext|>",
+        "<|im_end|>",
         "\x00\x01",
         b"\xff\xfe\xfd",
         "zzzzzzzz",
