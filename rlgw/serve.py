@@ -24,6 +24,7 @@ def run_gateway(settings: Settings) -> None:
         port=settings.port,
         log_level="warning",
         access_log=False,
+        timeout_keep_alive=settings.keep_alive_s,
     )
 
 
@@ -31,8 +32,17 @@ class GatewayThread:
     """An ASGI app served by uvicorn on a real port from a thread of this process (for `rlgw demo`
     and the tests: real HTTP, so streaming and disconnects behave as in production)."""
 
-    def __init__(self, app: Any, port: int, host: str = "127.0.0.1") -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    def __init__(
+        self, app: Any, port: int, host: str = "127.0.0.1", keep_alive_s: float = 75.0
+    ) -> None:
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            timeout_keep_alive=keep_alive_s,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="gateway")
         self.url = f"http://{host}:{port}"

@@ -42,6 +42,13 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Gateway bind address.")
     port: int = Field(default=8000, ge=1, le=65535, description="Gateway port.")
+    keep_alive_s: float = Field(
+        default=75.0,
+        gt=0,
+        description="How long an idle client connection is kept open. Longer than the clients' "
+        "own pool expiry (httpx, hence the openai SDK: 5 s) so that the client always closes "
+        "first; an equal or shorter value races a reused connection against the server's close.",
+    )
     public_url: str | None = Field(
         default=None,
         description="Base URL agents use to reach the gateway (for session base_url values). "
