@@ -106,10 +106,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rlgw.db.migrate import upgrade
     from rlgw.serve import run_gateway
 
+    if args.workers < 1:
+        print("[rlgw] --workers must be at least 1", file=sys.stderr)
+        return 2
     settings = _settings(args)
     url = resolve_database_url(settings)
     upgrade(url)
-    run_gateway(settings.model_copy(update={"database_url": url}))
+    run_gateway(settings.model_copy(update={"database_url": url}), workers=args.workers)
     return 0
 
 
@@ -223,6 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("serve", cmd_serve, "Run the gateway against the configured database.")
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway processes sharing the port and the database (default 1)",
+    )
 
     p = add("init-model", cmd_init_model, "Write a Qwen2-architecture model with a byte tokenizer.")
     p.add_argument("--out", required=True, help="output directory")

@@ -1,31 +1,62 @@
-"""Running the gateway under uvicorn: in the foreground, or in a thread of this process."""
+"""Running the gateway under uvicorn: in the foreground (one or several worker processes), or in a
+thread of this process."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import threading
 import time
 from typing import Any
 
 import uvicorn
 
-from rlgw.settings import Settings
+from rlgw.settings import DEFAULT_TOKEN_SECRET, Settings
 
 
-def run_gateway(settings: Settings) -> None:
-    from gateway.main import create_app
-
+def run_gateway(settings: Settings, *, workers: int = 1) -> None:
+    """Serve the gateway in the foreground; with `workers` > 1, as that many processes sharing
+    the port (uvicorn's supervisor) and the database."""
     print(
-        f"[rlgw] gateway on {settings.base_url}  (OpenAI base URL: {settings.base_url}/v1)",
+        f"[rlgw] gateway on {settings.base_url}  (OpenAI base URL: {settings.base_url}/v1)"
+        + (f"  [{workers} worker processes]" if workers > 1 else ""),
         flush=True,
     )
-    uvicorn.run(
-        create_app(settings),
+    options: dict[str, Any] = dict(
         host=settings.host,
         port=settings.port,
         log_level="warning",
         access_log=False,
         timeout_keep_alive=settings.keep_alive_s,
     )
+    if workers <= 1:
+        from gateway.main import create_app
+
+        uvicorn.run(create_app(settings), **options)
+        return
+    # Each worker is a fresh process that builds its settings from the environment.
+    os.environ.update(worker_environment(settings))
+    uvicorn.run("gateway.main:create_app", factory=True, workers=workers, **options)
+
+
+def worker_environment(settings: Settings) -> dict[str, str]:
+    """What the worker processes must agree on, as RLGW_* variables: the database, the public
+    address, and the secret that signs session tokens (a token minted by one worker must verify
+    on every other; an unset secret becomes one random secret shared by this run's workers)."""
+    env = {
+        "RLGW_DATABASE_URL": str(settings.database_url),
+        "RLGW_HOST": settings.host,
+        "RLGW_PORT": str(settings.port),
+    }
+    if settings.token_secret in ("", DEFAULT_TOKEN_SECRET):
+        env["RLGW_TOKEN_SECRET"] = secrets.token_urlsafe(32)
+        if settings.auth == "on":
+            print(
+                "[rlgw] RLGW_TOKEN_SECRET is not set: the workers share a random secret of this "
+                "run; session tokens stop working when it restarts",
+                flush=True,
+            )
+    return env
 
 
 class GatewayThread:
