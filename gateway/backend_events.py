@@ -8,6 +8,7 @@ import logging
 import psycopg
 
 from rlgw.backend_state import CHANNEL
+from rlgw.db.engine import DEFAULT_CONNECT_TIMEOUT_S, connect_args
 from rlgw.embedded_pg import to_libpq_uri
 
 from .routing import BackendPool
@@ -18,7 +19,12 @@ LISTENER_NAME = "rlgw-registry-listener"
 
 
 async def follow_registry(
-    pool: BackendPool, database_url: str, *, poll_s: float, ready: asyncio.Event | None = None
+    pool: BackendPool,
+    database_url: str,
+    *,
+    poll_s: float,
+    ready: asyncio.Event | None = None,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
 ) -> None:
     """Refresh `pool` on every NOTIFY, and every `poll_s` seconds as a safety net.
 
@@ -29,7 +35,10 @@ async def follow_registry(
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(
-                to_libpq_uri(database_url), autocommit=True, application_name=LISTENER_NAME
+                to_libpq_uri(database_url),
+                autocommit=True,
+                application_name=LISTENER_NAME,
+                **connect_args(connect_timeout_s),
             ) as conn:
                 await conn.execute(f"LISTEN {CHANNEL}")
                 await pool.refresh()

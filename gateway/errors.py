@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import logging
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rlgw.db.faults import is_connection_error
 
 log = logging.getLogger("rlgw.gateway")
 
@@ -127,6 +131,16 @@ def session_not_found(session_id: str) -> APIError:
     return APIError(404, f"no session {session_id}", code="session_not_found")
 
 
+def database_unavailable() -> APIError:
+    """The database cannot be reached now (restarting, cut off): retry later."""
+    return APIError(
+        503,
+        "the database is unavailable; retry later",
+        code="database_unavailable",
+        headers={"Retry-After": "1"},
+    )
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
@@ -157,6 +171,17 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error = APIError(exc.status_code, str(exc.detail), headers=exc.headers)
         return error.response_for(request.scope)
+
+    async def _database(request: Request, exc: Exception) -> JSONResponse:
+        # An unreachable database is the caller's 503 (retry later), in the route's envelope.
+        if is_connection_error(exc):
+            log.warning("database unavailable on %s: %s", request.url.path, exc)
+            return database_unavailable().response_for(request.scope)
+        log.exception("unhandled database error")
+        return APIError(500, "internal error", type="api_error").response_for(request.scope)
+
+    app.add_exception_handler(SQLAlchemyError, _database)
+    app.add_exception_handler(psycopg.Error, _database)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import httpx
@@ -17,9 +18,13 @@ router = APIRouter(tags=["health"])
 
 
 async def _database_ok(ctx: ContextDep) -> str | None:
+    """None when the database answers now; else why not. Bounded: a database that does not
+    answer is reported down after the connect timeout, and a new connection is tried next time
+    (the pool drops dead ones), so health recovers by itself."""
     try:
-        async with ctx.sessions() as db:
-            await db.execute(text("SELECT 1"))
+        async with asyncio.timeout(ctx.settings.database_connect_timeout_s + 1):
+            async with ctx.sessions() as db:
+                await db.execute(text("SELECT 1"))
         return None
     except Exception as exc:  # report, do not raise: health must answer
         return type(exc).__name__
@@ -69,11 +74,13 @@ async def healthz(request: Request, ctx: ContextDep) -> JSONResponse:
     status = "ok" if db_error is None and serving else ("degraded" if db_error is None else "down")
     body = {
         "status": status,
+        "process": os.getpid(),  # tells the replicas of `rlgw serve --workers N` apart
         "database": {"ok": db_error is None, "error": db_error},
         "recorder": {
             "backlog": ctx.recorder.backlog,
             "written": ctx.recorder.written,
             "failed": ctx.recorder.failed,
+            "retries": ctx.recorder.retries,
         },
         "backends": backends
         if _shows_addresses(request, ctx)

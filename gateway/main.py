@@ -46,7 +46,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_async_engine(settings.database_url)
+        engine = make_async_engine(
+            settings.database_url, connect_timeout_s=settings.database_connect_timeout_s
+        )
         sessions = async_session_factory(engine)
         timeout = httpx.Timeout(
             settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s
@@ -61,6 +63,7 @@ def create_app(
                 sessions,
                 queue_size=settings.record_queue_size,
                 batch_size=settings.record_batch_size,
+                retry_s=settings.record_retry_s,
             )
             recorder.start()
             app.state.context = GatewayContext(
@@ -86,7 +89,11 @@ def create_app(
             listening = asyncio.Event()
             refresher = asyncio.create_task(
                 follow_registry(
-                    pool, settings.database_url, poll_s=settings.backend_refresh_s, ready=listening
+                    pool,
+                    settings.database_url,
+                    poll_s=settings.backend_refresh_s,
+                    ready=listening,
+                    connect_timeout_s=settings.database_connect_timeout_s,
                 )
             )
             await asyncio.wait_for(listening.wait(), timeout=30)

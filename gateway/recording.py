@@ -2,27 +2,43 @@
 
 A caller awaits `record()` until its row is committed, so the gateway never reports success for a
 completion it failed to store; concurrent callers share one round trip (group commit).
+
+Database faults: a write that fails at the connection (Postgres restarting, unreachable, a
+dropped connection) is retried with backoff until `record_retry_s` after the record was queued,
+while its callers wait; the queue stays bounded meanwhile (full: 503 `recorder_overloaded`).
+Then the callers get 503 `database_unavailable` and the records are dropped, never written later.
+A retry after a connection failure first settles the earlier attempt, whose COMMIT may have
+landed: it locks the batch's session rows (waiting out a transaction the server is still
+finishing), then skips the records already stored, so nothing is stored twice. A record given up
+on after such a failure may still have been committed by its last attempt although its caller was
+told it failed: once the database answers again it is marked ineligible (`DOUBTFUL_REASON`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from rlgw.db.models import AgentSession, Completion
+from rlgw.db.faults import DatabaseUnavailable, is_connection_error
 from rlgw.db.token_arrays import pack_ids, pack_logprobs
 from rlgw.evidence import evidence_problem
 
-from .errors import APIError
-from .lineage_store import link_into_session
+from .errors import APIError, database_unavailable
+from .record_store import mark_ineligible, store_batch
 
 log = logging.getLogger("rlgw.recording")
+
+DOUBTFUL_REASON = "the database failed during its commit and the client was told the call failed"
+_FIRST_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 1.0
+_MIN_ATTEMPT_S = 2.0  # an attempt is cut off at the record's deadline, but never sooner than this
+_RECHECK_S = 1.0  # how often an idle writer retries marking doubtful records
 
 
 @dataclass
@@ -118,32 +134,55 @@ class _Pending:
 
     records: list[CompletionRecord]
     done: asyncio.Future | None
+    deadline: float  # time.monotonic() after which a connection failure is no longer retried
+    doubtful: bool = False  # an attempt failed at the connection: its commit may have landed
 
 
 class Recorder:
     """Bounded queue + one writer task. `record()` waits for the commit; a full queue is a 503."""
 
-    def __init__(self, sessions: async_sessionmaker, *, queue_size: int, batch_size: int) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker,
+        *,
+        queue_size: int,
+        batch_size: int,
+        retry_s: float = 5.0,
+    ) -> None:
         self._sessions = sessions
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=queue_size)
         self._batch_size = batch_size
+        self._retry_s = retry_s
         self._task: asyncio.Task | None = None
+        self._database_down = False  # the last attempt failed at the connection
+        self._doubtful: dict[str, str] = {}  # completion id -> session id, to mark ineligible
         self.written = 0
         self.failed = 0
+        self.retries = 0  # attempts that failed at the connection and were retried or given up
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="rlgw-recorder")
 
     async def stop(self) -> None:
-        """Write what is queued, then stop the writer."""
+        """Write what is queued (each record waits at most its retry time), then stop."""
         await self._queue.join()
+        await self._mark_doubtful()
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._doubtful:
+            log.error(
+                "stopping with %d completion(s) whose commit outcome is unknown: %s",
+                len(self._doubtful),
+                ", ".join(sorted(self._doubtful)),
+            )
 
     @property
     def backlog(self) -> int:
         return self._queue.qsize()
+
+    def _pending(self, records: list[CompletionRecord], done: asyncio.Future | None) -> _Pending:
+        return _Pending(records, done, deadline=time.monotonic() + self._retry_s)
 
     async def record(self, record: CompletionRecord | list[CompletionRecord]) -> None:
         """Store `record` (or several, in one transaction) durably; raise APIError(503) if it
@@ -151,7 +190,7 @@ class Recorder:
         records = record if isinstance(record, list) else [record]
         done = asyncio.get_running_loop().create_future()
         try:
-            self._queue.put_nowait(_Pending(records, done))
+            self._queue.put_nowait(self._pending(records, done))
         except asyncio.QueueFull:
             raise APIError(
                 503,
@@ -162,6 +201,8 @@ class Recorder:
         try:
             await done
         except Exception as exc:  # the cause is logged by the writer; callers get no internals
+            if is_connection_error(exc):
+                raise database_unavailable() from exc
             raise APIError(
                 503,
                 "the completion could not be recorded; retry later",
@@ -171,10 +212,10 @@ class Recorder:
 
     def record_nowait(self, record: CompletionRecord | list[CompletionRecord]) -> bool:
         """Queue `record` (or several) without waiting (for cancelled requests). False when the
-        queue is full."""
+        queue is full. Retried on a connection failure like any other record."""
         records = record if isinstance(record, list) else [record]
         try:
-            self._queue.put_nowait(_Pending(records, None))
+            self._queue.put_nowait(self._pending(records, None))
             return True
         except asyncio.QueueFull:
             self.failed += len(records)
@@ -187,10 +228,20 @@ class Recorder:
 
     async def _run(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            if self._doubtful:
+                try:
+                    first = await asyncio.wait_for(self._queue.get(), _RECHECK_S)
+                except TimeoutError:
+                    await self._mark_doubtful()
+                    continue
+            else:
+                first = await self._queue.get()
+            batch = [first]
             while len(batch) < self._batch_size and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
+                if not self._database_down:  # else it would only delay the batch
+                    await self._mark_doubtful()
                 await self._write_batch(batch)
             finally:
                 for _ in batch:
@@ -198,20 +249,69 @@ class Recorder:
 
     async def _write_batch(self, batch: list[_Pending]) -> None:
         try:
-            await self._insert([r for p in batch for r in p.records])
-            self._settle(batch, None)
+            await self._store(batch)
             return
         except Exception as exc:  # one bad row must not fail its neighbours: retry one by one
             if len(batch) == 1:
-                self._settle(batch, exc)
+                self._fail(batch, exc)
                 return
             log.warning("batch of %d failed (%s); retrying one by one", len(batch), exc)
         for pending in batch:
             try:
-                await self._insert(pending.records)
-                self._settle([pending], None)
+                await self._store([pending])
             except Exception as exc:
-                self._settle([pending], exc)
+                self._fail([pending], exc)
+
+    async def _store(self, batch: list[_Pending]) -> None:
+        """Write `batch` in one transaction and settle it. A connection failure is retried with
+        backoff; while the database is down, a record whose deadline has passed is failed and
+        leaves the batch. Any other error is raised, the batch unsettled."""
+        backoff = _FIRST_BACKOFF_S
+        last: Exception = DatabaseUnavailable("the database is unavailable")
+        while True:
+            if self._database_down:
+                now = time.monotonic()
+                expired = [p for p in batch if p.deadline <= now]
+                if expired:
+                    self._fail(expired, last)
+                    batch = [p for p in batch if p.deadline > now]
+                if not batch:
+                    return
+            deadline = min(p.deadline for p in batch)
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), _MIN_ATTEMPT_S)):
+                    await store_batch(
+                        self._sessions,
+                        [p.records for p in batch],
+                        settle_first=any(p.doubtful for p in batch),
+                    )
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                last = exc
+                self._database_down = True
+                self.retries += 1
+                for pending in batch:
+                    pending.doubtful = True
+                log.warning(
+                    "database unavailable while recording %d completion(s) (%s); retrying",
+                    sum(len(p.records) for p in batch),
+                    _describe(exc),
+                )
+                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                continue
+            if self._database_down:
+                log.warning("database available again: recording resumed")
+            self._database_down = False
+            self._settle(batch, None)
+            return
+
+    def _fail(self, batch: list[_Pending], exc: Exception) -> None:
+        for pending in batch:
+            if pending.doubtful:
+                self._doubtful.update((r.id, r.session_id) for r in pending.records)
+        self._settle(batch, exc)
 
     def _settle(self, batch: list[_Pending], exc: Exception | None) -> None:
         for pending in batch:
@@ -220,7 +320,9 @@ class Recorder:
             else:
                 self.failed += len(pending.records)
                 log.error(
-                    "completion %s not recorded: %s", ", ".join(r.id for r in pending.records), exc
+                    "completion %s not recorded: %s",
+                    ", ".join(r.id for r in pending.records),
+                    _describe(exc),
                 )
             if pending.done is not None and not pending.done.done():
                 if exc is None:
@@ -228,26 +330,29 @@ class Recorder:
                 else:
                     pending.done.set_exception(exc)
 
-    async def _insert(self, records: list[CompletionRecord]) -> None:
-        # An implicit session holds exactly this one completion: it is born closed.
-        implicit = [
-            {
-                "id": r.session_id,
-                "implicit": True,
-                "status": "closed",
-                "closed_at": r.created_at,
-                "tenant": r.tenant,
-            }
-            for r in records
-            if r.implicit_session
-        ]
-        named: dict[str, list[CompletionRecord]] = {}
-        for r in records:
-            if not r.implicit_session:
-                named.setdefault(r.session_id, []).append(r)
-        async with self._sessions() as db, db.begin():
-            if implicit:
-                await db.execute(insert(AgentSession).on_conflict_do_nothing(), implicit)
-            for session_id in sorted(named):  # a fixed lock order: no deadlock between writers
-                await link_into_session(db, session_id, named[session_id])
-            await db.execute(insert(Completion), [r.row() for r in records])
+    async def _mark_doubtful(self) -> None:
+        """Mark ineligible the records given up on whose last commit may have landed (their
+        callers were told they failed). Kept for a later try while the database is down."""
+        if not self._doubtful:
+            return
+        doubtful = dict(self._doubtful)
+        try:
+            async with asyncio.timeout(_MIN_ATTEMPT_S):
+                ids = await mark_ineligible(self._sessions, doubtful, DOUBTFUL_REASON)
+        except Exception as exc:
+            log.warning(
+                "could not mark %d doubtful completion(s) yet: %s", len(doubtful), _describe(exc)
+            )
+            return
+        for completion_id in doubtful:
+            self._doubtful.pop(completion_id, None)
+        if ids:
+            log.warning(
+                "completion(s) %s were stored although their callers were told they failed: "
+                "marked ineligible",
+                ", ".join(ids),
+            )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

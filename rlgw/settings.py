@@ -124,6 +124,22 @@ class Settings(BaseSettings):
     record_batch_size: int = Field(
         default=128, gt=0, description="Completion records written per database round trip."
     )
+    record_retry_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a completion's callers wait while its record cannot be written "
+        "because the database is unreachable (restarting, cut off): the write is retried with "
+        "backoff meanwhile, so a shorter outage is ridden out. After it the call fails with 503 "
+        "database_unavailable and the record is not written later; one whose last commit may "
+        "have landed is marked ineligible once the database is back (docs/architecture.md).",
+    )
+    database_connect_timeout_s: float = Field(
+        default=5.0,
+        ge=2,
+        description="Longest wait for a new database connection (libpq connect_timeout, whole "
+        "seconds, at least 2): a database that does not answer fails requests with 503 after "
+        "it instead of hanging them.",
+    )
     reward_normalization: Literal["none", "mean", "mean_std"] = Field(
         default="mean_std",
         description="Default per-group normalization of session returns (a group may choose its "

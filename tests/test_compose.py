@@ -168,7 +168,12 @@ def test_startup_order(config: dict[str, Any]) -> None:
     assert "http://vllm:8000" in register_argv
     trainer = services["trainer"]
     assert _condition(trainer, "register") == "service_completed_successfully"
-    assert _argv(trainer.get("entrypoint")) + _argv(trainer.get("command")) == ["rlgw", "train", "--model", "policy"]
+    assert _argv(trainer.get("entrypoint")) + _argv(trainer.get("command")) == [
+        "rlgw",
+        "train",
+        "--model",
+        "policy",
+    ]
 
 
 def test_admin_key_required(compose: list[str], tmp_path: Path) -> None:
