@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from rlgw.db.models import AgentSession, Completion
 
@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from .recording import CompletionRecord
 
 
-async def link_into_session(db: AsyncSession, session_id: str, new: list[CompletionRecord]) -> None:
+async def link_into_session(
+    db: AsyncConnection, session_id: str, new: list[CompletionRecord]
+) -> None:
     """Give each new record its parent and orphan flag; re-flag earlier completions that changed."""
     status = (
         await db.execute(

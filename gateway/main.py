@@ -60,7 +60,7 @@ def create_app(
             pool = BackendPool(sessions)
             await pool.refresh()
             recorder = Recorder(
-                sessions,
+                engine,
                 queue_size=settings.record_queue_size,
                 batch_size=settings.record_batch_size,
                 retry_s=settings.record_retry_s,

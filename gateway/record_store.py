@@ -3,12 +3,13 @@ whose connection died, and mark ineligible the rows whose callers were told they
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.dialects.postgresql import Insert, insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rlgw.db.models import AgentSession, Completion
 
@@ -19,53 +20,101 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlgw.recording")
 
+_SESSIONS = AgentSession.__table__
+_COMPLETIONS = Completion.__table__
+
 
 async def store_batch(
-    sessions: async_sessionmaker, groups: list[list[CompletionRecord]], *, settle_first: bool
+    engine: AsyncEngine, groups: list[list[CompletionRecord]], *, settle_first: bool
 ) -> None:
     """Store `groups` (each stored whole or not at all) in one transaction.
 
     `settle_first`: an earlier attempt at this batch failed at the connection, maybe during its
     COMMIT. The groups it did commit are skipped, found after locking the batch's sessions, so
-    that a transaction the server is still finishing is waited out, not raced."""
+    that a transaction the server is still finishing is waited out, not raced.
+
+    Core statements, compiled once, not ORM sessions: an implicit session is inserted by the
+    statement that inserts its completion, so a lone implicit record (the common case at low
+    concurrency) is BEGIN, one INSERT, COMMIT."""
     records = [r for g in groups for r in g]
-    # An implicit session holds exactly this one completion: it is born closed.
-    implicit = [
-        {
-            "id": r.session_id,
-            "implicit": True,
-            "status": "closed",
-            "closed_at": r.created_at,
-            "tenant": r.tenant,
-        }
-        for r in records
-        if r.implicit_session
-    ]
-    async with sessions() as db, db.begin():
-        if implicit:  # waits for a transaction still inserting the same session
-            await db.execute(insert(AgentSession).on_conflict_do_nothing(), implicit)
+    async with engine.begin() as conn:
         if settle_first:
-            await _lock_sessions(db, {r.session_id for r in records if not r.implicit_session})
-            stored = await _already_stored(db, groups)
+            implicit = [_implicit_session(r) for r in records if r.implicit_session]
+            if implicit:  # waits for a transaction still inserting the same session
+                await conn.execute(insert(_SESSIONS).on_conflict_do_nothing(), implicit)
+            await _lock_sessions(conn, {r.session_id for r in records if not r.implicit_session})
+            stored = await _already_stored(conn, groups)
             records = [r for r in records if r.id not in stored]
-        named: dict[str, list[CompletionRecord]] = {}
-        for r in records:
-            if not r.implicit_session:
-                named.setdefault(r.session_id, []).append(r)
-        for session_id in sorted(named):  # a fixed lock order: no deadlock between writers
-            await link_into_session(db, session_id, named[session_id])
-        if records:
-            await db.execute(insert(Completion), [r.row() for r in records])
+        await _link_named(conn, records)
+        await _insert(conn, records, sessions_inserted=settle_first)
 
 
-async def mark_ineligible(
-    sessions: async_sessionmaker, doubtful: dict[str, str], reason: str
-) -> list[str]:
+def _implicit_session(r: CompletionRecord) -> dict[str, Any]:
+    """An implicit session holds exactly this one completion: it is born closed."""
+    return {
+        "id": r.session_id,
+        "implicit": True,
+        "status": "closed",
+        "closed_at": r.created_at,
+        "tenant": r.tenant,
+    }
+
+
+async def _insert(
+    conn: AsyncConnection, records: list[CompletionRecord], *, sessions_inserted: bool = False
+) -> None:
+    """Insert the completion rows; unless `sessions_inserted`, each implicit session in the
+    same statement as its completion (executemany: psycopg pipelines the rows)."""
+    plain = [r.row() for r in records if sessions_inserted or not r.implicit_session]
+    with_session = [
+        {"tenant": r.tenant, **{"c_" + k: v for k, v in r.row().items()}}
+        for r in records
+        if not sessions_inserted and r.implicit_session
+    ]
+    if with_session:
+        keys = tuple(k for k in with_session[0] if k != "tenant")
+        await conn.execute(_with_session(keys), with_session)
+    if plain:
+        await conn.execute(insert(_COMPLETIONS), plain)
+
+
+@functools.cache
+def _with_session(keys: tuple[str, ...]) -> Insert:
+    """INSERT of one completion whose implicit session a CTE inserts first: a constant statement
+    (bound parameters only), so that it is compiled once and cached. The completion's values are
+    bound as `c_<column>` (`keys`), apart from the columns of the session's insert."""
+    session = (
+        insert(_SESSIONS)
+        .values(
+            id=bindparam("c_session_id"),
+            implicit=True,
+            status="closed",
+            closed_at=bindparam("c_created_at"),
+            tenant=bindparam("tenant"),
+        )
+        .on_conflict_do_nothing()
+        .cte("implicit_session")
+    )
+    columns = _COMPLETIONS.c
+    values = {k[2:]: bindparam(k, type_=columns[k[2:]].type) for k in keys}
+    return insert(_COMPLETIONS).values(values).add_cte(session)
+
+
+async def _link_named(conn: AsyncConnection, records: list[CompletionRecord]) -> None:
+    named: dict[str, list[CompletionRecord]] = {}
+    for r in records:
+        if not r.implicit_session:
+            named.setdefault(r.session_id, []).append(r)
+    for session_id in sorted(named):  # a fixed lock order: no deadlock between writers
+        await link_into_session(conn, session_id, named[session_id])
+
+
+async def mark_ineligible(engine: AsyncEngine, doubtful: dict[str, str], reason: str) -> list[str]:
     """Mark the still-eligible completions among `doubtful` (id -> session id) ineligible, with
     `reason`; return the ids marked. Their sessions are locked first, as in `store_batch`."""
-    async with sessions() as db, db.begin():
-        await _lock_sessions(db, set(doubtful.values()))
-        marked = await db.execute(
+    async with engine.begin() as conn:
+        await _lock_sessions(conn, set(doubtful.values()))
+        marked = await conn.execute(
             update(Completion)
             .where(Completion.id.in_(doubtful), Completion.eligible.is_(True))
             .values(eligible=False, eligibility_reason=reason)
@@ -74,11 +123,11 @@ async def mark_ineligible(
         return list(marked.scalars().all())
 
 
-async def _lock_sessions(db: AsyncSession, session_ids: set[str]) -> None:
+async def _lock_sessions(conn: AsyncConnection, session_ids: set[str]) -> None:
     """Lock these session rows in a fixed order. A transaction that wrote to them and whose
     connection died may still be committing on the server: this waits until it has finished."""
     if session_ids:
-        await db.execute(
+        await conn.execute(
             select(AgentSession.id)
             .where(AgentSession.id.in_(session_ids))
             .order_by(AgentSession.id)
@@ -86,11 +135,11 @@ async def _lock_sessions(db: AsyncSession, session_ids: set[str]) -> None:
         )
 
 
-async def _already_stored(db: AsyncSession, groups: list[list[CompletionRecord]]) -> set[str]:
+async def _already_stored(conn: AsyncConnection, groups: list[list[CompletionRecord]]) -> set[str]:
     """The ids of the records that an earlier attempt did commit. A group is stored whole or not
     at all, so one stored id settles its group."""
     ids = [r.id for g in groups for r in g]
-    found = set((await db.execute(select(Completion.id).where(Completion.id.in_(ids)))).scalars())
+    found = set((await conn.execute(select(Completion.id).where(Completion.id.in_(ids)))).scalars())
     stored = {r.id for g in groups if any(r.id in found for r in g) for r in g}
     if stored:
         log.warning(

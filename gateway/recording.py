@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rlgw.db.faults import DatabaseUnavailable, is_connection_error
 from rlgw.db.token_arrays import pack_ids, pack_logprobs
@@ -143,13 +143,13 @@ class Recorder:
 
     def __init__(
         self,
-        sessions: async_sessionmaker,
+        engine: AsyncEngine,
         *,
         queue_size: int,
         batch_size: int,
         retry_s: float = 5.0,
     ) -> None:
-        self._sessions = sessions
+        self._engine = engine
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=queue_size)
         self._batch_size = batch_size
         self._retry_s = retry_s
@@ -281,7 +281,7 @@ class Recorder:
             try:
                 async with asyncio.timeout(max(deadline - time.monotonic(), _MIN_ATTEMPT_S)):
                     await store_batch(
-                        self._sessions,
+                        self._engine,
                         [p.records for p in batch],
                         settle_first=any(p.doubtful for p in batch),
                     )
@@ -338,7 +338,7 @@ class Recorder:
         doubtful = dict(self._doubtful)
         try:
             async with asyncio.timeout(_MIN_ATTEMPT_S):
-                ids = await mark_ineligible(self._sessions, doubtful, DOUBTFUL_REASON)
+                ids = await mark_ineligible(self._engine, doubtful, DOUBTFUL_REASON)
         except Exception as exc:
             log.warning(
                 "could not mark %d doubtful completion(s) yet: %s", len(doubtful), _describe(exc)
