@@ -16,7 +16,13 @@ TURNS = 3
 async def agent(http: httpx.AsyncClient, n: int) -> tuple[str, list, list[str]]:
     """Plays one episode; returns the session id, the replies it kept, and the retried ids."""
     session = (await http.post("/v1/sessions", json={"task_id": f"agent-{n}"})).json()
-    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+    # Generous connect timeout: 50 agents and the gateway share this process and 2 busy cores.
+    client = openai.AsyncOpenAI(
+        base_url=session["base_url"],
+        api_key="unused",
+        max_retries=0,
+        timeout=httpx.Timeout(300, connect=60),
+    )
     messages = [{"role": "user", "content": f"Agent {n} says hello."}]
     kept, dropped = [], []
     for turn in range(TURNS):
