@@ -21,6 +21,7 @@ from ..errors import APIError
 from ..recording import CompletionRecord, Recorder
 from ..routing import BackendPool, Lease
 from ..session_binding import implicit_session_id, open_session
+from .fastjson import FastJSONResponse, loads
 from .shaping import (
     CHAT,
     COMPLETIONS,
@@ -225,7 +226,7 @@ class ProxyService:
             )
             return surface.relay_error(reply.status_code, reply.content, headers)
         try:
-            payload = reply.json()
+            payload = loads(reply.content)
             if not isinstance(payload, dict):
                 raise ValueError("not an object")
         except ValueError:
@@ -239,7 +240,7 @@ class ProxyService:
         for index, rec in enumerate(call.records):
             rec.response = stored[index] if index < len(stored) else None
         await self._recorder.record(call.finish("complete"))
-        return JSONResponse(client_payload, headers=headers)
+        return FastJSONResponse(client_payload, headers=headers)
 
     async def _stream(self, call: _Call, headers: dict[str, str]) -> Response:
         surface = call.surface
@@ -313,46 +314,50 @@ class _Relay:
                 self.call.finish("incomplete", "client disconnected before the stream started")
             )
 
+    def _take(self, line: bytes, out: list[bytes]) -> tuple[str, str | None] | None:
+        """Take one line of the backend's stream, adding the client's events to `out`; the
+        outcome once the line ends the stream."""
+        if not line.startswith(b"data:"):
+            return None
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            if self.assembly.finished(len(self.call.records)):
+                return ("complete", None)
+            return ("incomplete", "stream ended without a finish reason")
+        chunk = loads(data, errors="replace")
+        if not isinstance(chunk, dict):
+            raise ValueError(f"not a stream chunk: {data[:100].decode(errors='replace')!r}")
+        if "error" in chunk:
+            out.append(self.shaper.backend_error(chunk))
+            return ("error", f"backend error in stream: {json.dumps(chunk['error'])[:500]}")
+        call = self.call
+        if call.record.ttft_ms is None and chunk.get("choices"):
+            ttft = _ms_since(call.t0)
+            for r in call.records:
+                r.ttft_ms = ttft
+        self.assembly.add(chunk)
+        out.extend(self.shaper.chunk(chunk))
+        return None
+
     async def run(self) -> AsyncIterator[bytes]:
         """Relay chunks as they come; end the stream only after the records are committed."""
         self.started = True
         call = self.call
-        surface, rec = call.surface, call.record
-        assembly = StreamAssembly(surface.wire)
-        shaper = surface.shaper(assembly, rec.id)
-        n = len(call.records)
+        assembly = self.assembly = StreamAssembly(call.surface.wire)
+        shaper = self.shaper = call.surface.shaper(assembly, call.record.id)
         outcome: tuple[str, str | None] = ("incomplete", "client disconnected before the end")
+        out: list[bytes] = []  # events not sent yet
         try:
-            for event in shaper.start():
-                yield event
-            async for line in self.upstream.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    outcome = (
-                        ("complete", None)
-                        if assembly.finished(n)
-                        else ("incomplete", "stream ended without a finish reason")
-                    )
+            if start := shaper.start():
+                yield b"".join(start)
+            async for line in _sse_lines(self.upstream):
+                ended = self._take(line, out)
+                if out:  # the events of one chunk in one write
+                    batch, out = b"".join(out), []
+                    yield batch
+                if ended:
+                    outcome = ended
                     break
-                chunk = json.loads(data)
-                if not isinstance(chunk, dict):
-                    raise ValueError(f"not a stream chunk: {data[:100]!r}")
-                if "error" in chunk:
-                    outcome = (
-                        "error",
-                        f"backend error in stream: {json.dumps(chunk['error'])[:500]}",
-                    )
-                    yield shaper.backend_error(chunk)
-                    break
-                if rec.ttft_ms is None and chunk.get("choices"):
-                    ttft = _ms_since(call.t0)
-                    for r in call.records:
-                        r.ttft_ms = ttft
-                assembly.add(chunk)
-                for event in shaper.chunk(chunk):
-                    yield event
             else:
                 outcome = ("incomplete", "backend stream ended without [DONE]")
         except (httpx.HTTPError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
@@ -375,12 +380,30 @@ class _Relay:
             except APIError as exc:  # never report success for a completion that was not stored
                 yield shaper.error(exc)
                 return
-            for event in shaper.finish():
-                yield event
-        elif outcome[0] == "incomplete":
-            yield shaper.error(
-                APIError(502, f"stream did not complete: {outcome[1]}", code="stream_incomplete")
-            )
+            if end := shaper.finish():
+                yield b"".join(end)
+        elif outcome[0] == "incomplete":  # after the events of the lines before the cut
+            reason = f"stream did not complete: {outcome[1]}"
+            yield b"".join(out) + shaper.error(APIError(502, reason, code="stream_incomplete"))
+
+
+async def _sse_lines(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    """The lines of a server-sent event stream. A line ends with CRLF, LF or CR, as SSE defines
+    it (not at U+2028 and its kin, which a JSON string may hold)."""
+    rest = b""
+    async for data in upstream.aiter_bytes():
+        data = rest + data
+        held = b""
+        if b"\r" in data:
+            if data.endswith(b"\r"):  # may be the first half of a CRLF
+                data, held = data[:-1], b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        rest = lines.pop() + held
+        for line in lines:
+            yield line
+    if rest:
+        yield rest.removesuffix(b"\r")
 
 
 class _ClientGone(Exception):

@@ -15,17 +15,17 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from ..errors import APIError
+from .fastjson import dumps
 from .shaping import StreamAssembly, client_asks, make_visible, only_choice, upstream_body
 
 
 def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + dumps(payload) + b"\n\n"
 
 
 def sse_event(event: str, payload: dict[str, Any]) -> bytes:
     """A named server-sent event (the Responses and Messages APIs name theirs)."""
-    data = json.dumps(payload, separators=(",", ":")).encode()
-    return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
 def backend_error_message(status: int, content: bytes) -> tuple[str, dict[str, Any] | None]:
