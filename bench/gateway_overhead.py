@@ -1,5 +1,6 @@
-"""Gateway overhead: one fast fake vLLM upstream reached directly, through rlgw (full recording) and
-through the LiteLLM proxy, side by side, in one run.
+"""Gateway overhead: a fast fake vLLM reached directly, through rlgw and through LiteLLM.
+
+One run: rlgw with full recording, the LiteLLM proxy, and the upstream itself.
 
     .venv/bin/python bench/gateway_overhead.py                  # full matrix (see --help)
     .venv/bin/python bench/gateway_overhead.py --quick          # a short check
