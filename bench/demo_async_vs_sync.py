@@ -4,7 +4,8 @@
 
 Each (seed, mode) is one full `rlgw demo` run (its own vLLM backend and model name); results go to
 bench/results/demo/ as JSON per run, a combined PNG and a markdown table, including the trainer's
-tokens per second (output tokens trained on / time spent in updates).
+tokens per second (output tokens trained on / time in the optimizer, and / time in whole update
+steps: train, write the delta, swap).
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ def main() -> None:
             summaries.append(run_demo(Settings(), options))
     plot_curves(summaries, out / "async-vs-sync.png")
     lines = [
-        "| mode | seed | start | final | gain | best | versions | trainer tok/s |",
+        "| mode | seed | start | final | gain | best | versions | trainer tok/s (update / step) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
             f"| {s['mode']} | {s['seed']} | {s['start_reward']:.3f} | "
             f"{s['final_reward']:.3f} | {s['gain']:+.3f} | {s['best_reward']:.3f} | "
-            f"{s['versions']} | {s.get('trainer_tokens_per_s', 0):.0f} |"
+            f"{s['versions']} | {s.get('trainer_tokens_per_s', 0):.0f} / "
+            f"{s.get('trainer_step_tokens_per_s', 0):.0f} |"
         )
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")

@@ -263,6 +263,18 @@ class DemoRun:
         gate.set()
 
     # ------------------------------------------------------------------ results
+    def trainer_throughput(self) -> dict:
+        """Output tokens trained on per second: of the optimizer's work alone (`train_s`), and of
+        whole update steps (train, write the delta, swap every backend: `step_s`)."""
+        tokens = sum(m.get("tokens", 0) for m in self.updates)
+        train_s = sum(m.get("train_s", 0) for m in self.updates)
+        step_s = sum(m.get("step_s", 0) for m in self.updates)
+        return {
+            "trainer_tokens": int(tokens),
+            "trainer_tokens_per_s": round(tokens / train_s, 1) if train_s else 0.0,
+            "trainer_step_tokens_per_s": round(tokens / step_s, 1) if step_s else 0.0,
+        }
+
     def report(self) -> dict:
         o = self.options
         points = self.curve.points
@@ -278,6 +290,7 @@ class DemoRun:
             "gain": round(final - start, 4),
             "versions": points[-1]["version"],
             "groups_generated": self.generated,
+            **self.trainer_throughput(),
             "curve": points,
             "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(o).items()},
         }
