@@ -21,10 +21,25 @@ class Ledger:
     calls: dict[str, int] = field(default_factory=dict)  # session -> completion calls made
     delivered: set[str] = field(default_factory=set)  # ids of completions received in full
     failed: list[str] = field(default_factory=list)  # why a call did not succeed
+    # Calls refused because their record could not be written: by design they leave no row.
+    unrecorded: dict[str, int] = field(default_factory=dict)
     retried: int = 0
     rewards: dict[str, int] = field(default_factory=dict)  # session -> distinct rewards posted
     duplicate_reward_posts: int = 0
     episodes: int = 0
+
+
+RECORD_FAILURES = ("database_unavailable", "recorder_overloaded", "record_failed")
+
+
+def _refused_for_recording(ledger: Ledger, session_id: str, code: str | None) -> None:
+    if code in RECORD_FAILURES:
+        ledger.unrecorded[session_id] = ledger.unrecorded.get(session_id, 0) + 1
+
+
+def _error_code(payload: object) -> str | None:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 async def _complete(
@@ -36,6 +51,7 @@ async def _complete(
         reply = await http.post(f"{base}/chat/completions", json=body)
         if reply.status_code != 200:
             ledger.failed.append(f"HTTP {reply.status_code}: {reply.text[:200]}")
+            _refused_for_recording(ledger, session_id, _error_code(reply.json()))
             return None
         payload = reply.json()
         ledger.delivered.add(payload["id"])
@@ -44,6 +60,7 @@ async def _complete(
     async with http.stream("POST", f"{base}/chat/completions", json=body) as reply:
         if reply.status_code != 200:
             ledger.failed.append(f"HTTP {reply.status_code} (stream)")
+            _refused_for_recording(ledger, session_id, _error_code(json.loads(await reply.aread())))
             return None
         async for line in reply.aiter_lines():
             if not line.startswith("data:"):
@@ -55,6 +72,7 @@ async def _complete(
             chunk = json.loads(data)
             if "error" in chunk:
                 ledger.failed.append(f"stream error: {chunk['error']}")
+                _refused_for_recording(ledger, session_id, _error_code(chunk))
                 return None
             completion_id = chunk.get("id", completion_id)
             for choice in chunk.get("choices", []):

@@ -50,7 +50,14 @@ def test_short_soak_with_two_workers_records_every_delivered_completion_once(
     engine = make_sync_engine(url)
     register_backend(sync_session_factory(engine), MODEL, fake_upstream)
     engine.dispose()
-    env = {"RLGW_ADMIN_KEY": ADMIN_KEY, "RLGW_AUTH": "off", "RLGW_RATE_LIMIT_RPS": "0"}
+    env = {
+        "RLGW_ADMIN_KEY": ADMIN_KEY,
+        "RLGW_AUTH": "off",
+        "RLGW_RATE_LIMIT_RPS": "0",
+        # A busy CI machine must not turn slow commits into 503s here: this test is about
+        # exactly-once under load (the fault behaviour is tests/test_db_faults.py's).
+        "RLGW_RECORD_RETRY_S": "60",
+    }
     with serve_process(url, workers=2, log_path=tmp_path / "serve.log", **env) as gw:
         wait_routed(gw)
         ledger = asyncio.run(run_agents(gw, MODEL, sessions=40, duration_s=15, seed=1))
