@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ from bench.cpu_usage import CpuMeter, per_request_ms, postgres_backends  # noqa:
 from bench.fake_upstream import start_fake_upstream, stop, upstream_url  # noqa: E402
 from bench.litellm_proxy import LITELLM_VERSION, LiteLLMProxy, ensure_litellm  # noqa: E402
 from bench.loadgen import run_point  # noqa: E402
+from bench.processes import free_port, log  # noqa: E402
 from bench.rlgw_process import BENCH_ENV, RlgwServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,16 +54,6 @@ OUT = REPO / "bench" / "results" / "gateway_overhead"
 MODEL = "bench"
 PATHS = ("direct", "rlgw", "litellm")
 API_PATH = {"chat": "/v1/chat/completions", "text": "/v1/completions"}
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def csv(kind):

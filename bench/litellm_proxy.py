@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
+from bench.processes import start_server, stop_group
 
 BENCH = Path(__file__).resolve().parent
 VENV = BENCH / ".litellm-venv"
@@ -115,32 +113,19 @@ class LiteLLMProxy:
         cmd += ["--num_workers", "1", "--keepalive_timeout", "75", "--log_config", str(logging)]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DATABASE_URL"))}
         env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                probe = httpx.get(self.url + "/health/liveliness", timeout=1.0, trust_env=False)
-                if probe.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise RuntimeError(f"LiteLLM did not start (log {self.log_path}):\n{tail}")
-            time.sleep(0.5)
+        self.proc = start_server(
+            cmd,
+            env=env,
+            log_path=self.log_path,
+            ready_url=self.url + "/health/liveliness",
+            name="LiteLLM",
+            timeout_s=timeout_s,
+            poll_s=0.5,
+        )
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_group(self.proc)
         self.proc = None
 
     def __enter__(self) -> LiteLLMProxy:

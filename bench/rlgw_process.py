@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import psycopg
+
+from bench.processes import start_server, stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 RLGW = REPO / ".venv" / "bin" / "rlgw"
@@ -67,23 +68,19 @@ class RlgwServer:
         cmd = [str(RLGW), "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         if self.workers > 1:
             cmd += ["--workers", str(self.workers)]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        try:
+            self.proc = start_server(
+                cmd,
+                env=self.env,
+                log_path=self.log_path,
+                ready_url=self.url + "/v1/models",
+                name="rlgw serve",
+                timeout_s=timeout_s,
             )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                probe = httpx.get(self.url + "/v1/models", timeout=1.0, trust_env=False)
-                if probe.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise RuntimeError(f"rlgw serve did not start (log {self.log_path}):\n{tail}")
-            time.sleep(0.2)
+        except RuntimeError:
+            self.stop()  # drops the database
+            raise
+        return self
 
     def register(self, model: str, backend_url: str, timeout_s: float = 30.0) -> None:
         """`rlgw register`, then wait until the running gateway routes the model."""
@@ -117,13 +114,7 @@ class RlgwServer:
         return {f"{s}/{'eligible' if e else 'not eligible'}": n for s, e, n in rows}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: workers too
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_group(self.proc)  # its own session: workers too
         self.proc = None
         try:
             self._admin_sql(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")

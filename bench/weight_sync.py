@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.processes import free_port, log  # noqa: E402
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
 from trainer.init_model import PRESETS, create_model  # noqa: E402
 from trainer.parity import PROBE_TOKEN_IDS, reference_scores, served_scores  # noqa: E402
@@ -46,16 +46,6 @@ PARITY_TOL = 1e-4  # the swap coordinator's fp32 tolerance
 RESULTS = Path(__file__).resolve().parent / "results" / "weight_sync.json"
 TARGET_PAUSE_S = 1.0  # for bench-0.5b
 TARGET_RATIO = 20.0
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def available_gib() -> float:

@@ -66,6 +66,18 @@ def test_stream_chunks_validate_as_vllm_chunks(ask: Ask) -> None:
         assert model.model_validate_json(data).model_dump_json(exclude_unset=True) == data
 
 
+def evidence_of(tokens) -> str | None:
+    """What the gateway would find wrong with these tokens as a complete, served record."""
+    return evidence_problem(
+        status="complete",
+        finish_reason=tokens.finish_reason,
+        policy_version=0,
+        prompt_token_ids=tokens.prompt_token_ids,
+        output_token_ids=tokens.output_token_ids,
+        output_logprobs=tokens.output_logprobs,
+    )
+
+
 @pytest.mark.parametrize("api", [CHAT, TEXT])
 @pytest.mark.parametrize("n", [1, 3])
 def test_the_gateway_reads_eligible_evidence_from_whole_replies(api: str, n: int) -> None:
@@ -73,15 +85,7 @@ def test_the_gateway_reads_eligible_evidence_from_whole_replies(api: str, n: int
     assert sorted(choices) == list(range(n))
     for tokens in choices.values():
         assert len(tokens.output_token_ids) == 7 and tokens.finish_reason == "length"
-        problem = evidence_problem(
-            status="complete",
-            finish_reason=tokens.finish_reason,
-            policy_version=0,
-            prompt_token_ids=tokens.prompt_token_ids,
-            output_token_ids=tokens.output_token_ids,
-            output_logprobs=tokens.output_logprobs,
-        )
-        assert problem is None
+        assert evidence_of(tokens) is None
 
 
 @pytest.mark.parametrize("api", [CHAT, TEXT])
@@ -94,15 +98,7 @@ def test_the_gateway_reads_eligible_evidence_from_streams(api: str, n: int) -> N
     for index in range(n):
         tokens = assembly.choices[index].tokens
         assert len(tokens.output_token_ids) == 7
-        problem = evidence_problem(
-            status="complete",
-            finish_reason=tokens.finish_reason,
-            policy_version=0,
-            prompt_token_ids=tokens.prompt_token_ids,
-            output_token_ids=tokens.output_token_ids,
-            output_logprobs=tokens.output_logprobs,
-        )
-        assert problem is None
+        assert evidence_of(tokens) is None
 
 
 async def test_the_app_answers_like_vllm() -> None:
