@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from rlgw.agent_keys import hash_key, looks_like_key
 from rlgw.db.models import AgentKey
-from rlgw.settings import DEFAULT_TOKEN_SECRET, Settings
+from rlgw.settings import Settings
 
 from .deps import ContextDep
 from .errors import APIError, session_not_found
@@ -102,7 +102,7 @@ class AuthService:
         self.max_ttl_s = settings.session_token_max_ttl_s
         # Only loopback binds may have the default secret (Settings refuses it elsewhere): it is
         # public, so this process signs with a random secret of its own instead.
-        self.ephemeral_secret = settings.token_secret in ("", DEFAULT_TOKEN_SECRET)
+        self.ephemeral_secret = settings.token_secret_unset
         self._secret = (
             secrets.token_bytes(32) if self.ephemeral_secret else settings.token_secret.encode()
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from rlgw.settings import DEFAULT_TOKEN_SECRET, Settings
+from rlgw.settings import Settings
 
 
 def run_gateway(settings: Settings, *, workers: int = 1) -> None:
@@ -48,7 +48,7 @@ def worker_environment(settings: Settings) -> dict[str, str]:
         "RLGW_HOST": settings.host,
         "RLGW_PORT": str(settings.port),
     }
-    if settings.token_secret in ("", DEFAULT_TOKEN_SECRET):
+    if settings.token_secret_unset:
         env["RLGW_TOKEN_SECRET"] = secrets.token_urlsafe(32)
         if settings.auth == "on":
             print(

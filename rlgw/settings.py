@@ -211,6 +211,12 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def token_secret_unset(self) -> bool:
+        """No usable token secret was configured (empty, or the public default): a process must
+        sign with a random secret instead (allowed on loopback binds only, see above)."""
+        return self.token_secret in ("", DEFAULT_TOKEN_SECRET)
+
+    @property
     def base_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
 
