@@ -229,6 +229,33 @@ def test_siblings_are_not_retries_and_rewards_name_any_sibling(http):
     assert steps[kept[1]]["sibling_group"] == first.id and steps[follow.id]["sibling_group"] is None
 
 
+def test_a_session_reward_after_several_choices_must_name_one(http):
+    """A "final completion" is ambiguous when the last request asked for n > 1 and nothing went on
+    from any choice: the reward is refused (409) rather than landing on an arbitrary sibling."""
+    session = http.post("/v1/sessions", json={}).json()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model=MODEL_NAME, messages=QUESTION, n=2, max_tokens=4, temperature=1.0
+    )
+    choices = [c.completion_id for c in reply.choices]
+    rewards = f"/v1/sessions/{session['id']}/rewards"
+    refused = http.post(rewards, json={"value": 1.0})
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "ambiguous_final_completion" and error["param"] == "completion_id"
+    assert all(c in error["message"] for c in choices)
+    assert http.get(f"/v1/sessions/{session['id']}").json()["rewards"] == []
+    named = http.post(rewards, json={"value": 1.0, "completion_id": choices[1]})
+    assert named.status_code == 201 and named.json()["completion_id"] == choices[1]
+    follow = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[*QUESTION, reply.choices[0].message.model_dump(exclude_none=True)],
+        max_tokens=4,
+    )
+    final = http.post(rewards, json={"value": 0.5})  # the conversation went on: one final
+    assert final.status_code == 201 and final.json()["completion_id"] == follow.id
+
+
 SAMPLING = {
     "stop": {"stop": ["a", "e"], "max_tokens": 24, "temperature": 0},
     "seed": {"seed": 1234, "temperature": 1.0, "max_tokens": 8},

@@ -191,21 +191,46 @@ def _digest(body: RewardCreate) -> str:
     return hashlib.sha256(body.model_dump_json().encode()).hexdigest()
 
 
-async def _target_completion(db: AsyncSession, session_id: str, completion_id: str | None) -> str:
-    if completion_id is None:  # the session's final kept completion
-        final = (
-            await db.execute(
+async def _final_completion(db: AsyncSession, session_id: str) -> str:
+    """The session's final kept completion. When the last request asked for several choices
+    (n > 1) and the conversation went on from none of them, "final" names no single completion:
+    the reward must name the sibling it is for."""
+    kept = Completion.session_id == session_id, Completion.is_orphan.is_(False)
+    final = (
+        await db.execute(
+            select(Completion.id, Completion.sibling_group)
+            .where(*kept)
+            .order_by(Completion.created_at.desc(), Completion.id.desc())
+            .limit(1)
+        )
+    ).one_or_none()
+    if final is None:
+        raise APIError(
+            409, f"session {session_id} has no completion to reward", code="nothing_to_reward"
+        )
+    if final.sibling_group is not None:
+        siblings = (
+            await db.scalars(
                 select(Completion.id)
-                .where(Completion.session_id == session_id, Completion.is_orphan.is_(False))
-                .order_by(Completion.created_at.desc(), Completion.id.desc())
-                .limit(1)
+                .where(*kept, Completion.sibling_group == final.sibling_group)
+                .order_by(Completion.id)
             )
-        ).scalar_one_or_none()
-        if final is None:
+        ).all()
+        if len(siblings) > 1:
             raise APIError(
-                409, f"session {session_id} has no completion to reward", code="nothing_to_reward"
+                409,
+                f"the final request of session {session_id} produced {len(siblings)} choices "
+                f"(n > 1): name the one this reward is for with completion_id "
+                f"(one of {', '.join(siblings)})",
+                code="ambiguous_final_completion",
+                param="completion_id",
             )
-        return final
+    return final.id
+
+
+async def _target_completion(db: AsyncSession, session_id: str, completion_id: str | None) -> str:
+    if completion_id is None:
+        return await _final_completion(db, session_id)
     target = await db.get(Completion, completion_id)
     if target is None or target.session_id != session_id:
         raise APIError(
