@@ -141,6 +141,17 @@ def database_unavailable() -> APIError:
     )
 
 
+def database_timeout(waited_s: float) -> APIError:
+    """The database did not confirm a write in time (overloaded, or cut off without a reset)."""
+    return APIError(
+        503,
+        f"the database did not confirm the write within {waited_s:g} s; the completion was not "
+        "recorded; retry later",
+        code="database_timeout",
+        headers={"Retry-After": "1"},
+    )
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:

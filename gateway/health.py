@@ -6,12 +6,12 @@ import asyncio
 import os
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from .auth import client_address
+from .backend_health import probe
 from .deps import ContextDep, admin_key_matches
 
 router = APIRouter(tags=["health"])
@@ -27,14 +27,6 @@ async def _database_ok(ctx: ContextDep) -> str | None:
                 await db.execute(text("SELECT 1"))
         return None
     except Exception as exc:  # report, do not raise: health must answer
-        return type(exc).__name__
-
-
-async def _backend_ok(http: httpx.AsyncClient, url: str) -> str | None:
-    try:
-        reply = await http.get(url + "/health", timeout=2.0)
-        return None if reply.status_code == 200 else f"HTTP {reply.status_code}"
-    except httpx.HTTPError as exc:
         return type(exc).__name__
 
 
@@ -55,7 +47,7 @@ async def healthz(request: Request, ctx: ContextDep) -> JSONResponse:
     ctx.limiter.admit(f"addr:{client_address(request)}", request.scope)
     views = ctx.pool.backends()
     db_error, *backend_errors = await asyncio.gather(
-        _database_ok(ctx), *(_backend_ok(ctx.http, b.url) for b in views)
+        _database_ok(ctx), *(probe(ctx.http, b.url) for b in views)
     )
     backends: list[dict[str, Any]] = [
         {
@@ -67,6 +59,7 @@ async def healthz(request: Request, ctx: ContextDep) -> JSONResponse:
             "in_flight": b.in_flight,
             "reachable": err is None,
             "error": err,
+            "routable": b.routable,  # this process's routing view (its own health probes)
         }
         for b, err in zip(views, backend_errors, strict=True)
     ]
@@ -81,6 +74,7 @@ async def healthz(request: Request, ctx: ContextDep) -> JSONResponse:
             "written": ctx.recorder.written,
             "failed": ctx.recorder.failed,
             "retries": ctx.recorder.retries,
+            "timeouts": ctx.recorder.timeouts,
         },
         "backends": backends
         if _shows_addresses(request, ctx)

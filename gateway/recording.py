@@ -6,7 +6,9 @@ completion it failed to store; concurrent callers share one round trip (group co
 Database faults: a write that fails at the connection (Postgres restarting, unreachable, a
 dropped connection) is retried with backoff until `record_retry_s` after the record was queued,
 while its callers wait; the queue stays bounded meanwhile (full: 503 `recorder_overloaded`).
-Then the callers get 503 `database_unavailable` and the records are dropped, never written later.
+Then the callers get 503 `database_unavailable` and the records are dropped, never written later;
+when the last attempt was cut off because the database did not answer in time (overloaded, or
+unreachable without a reset) the code is `database_timeout` instead.
 A retry after a connection failure first settles the earlier attempt, whose COMMIT may have
 landed: it locks the batch's session rows (waiting out a transaction the server is still
 finishing), then skips the records already stored, so nothing is stored twice. A record given up
@@ -25,11 +27,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rlgw.db.faults import DatabaseUnavailable, is_connection_error
+from rlgw.db.faults import DatabaseUnavailable, is_connection_error, is_timeout
 from rlgw.db.token_arrays import pack_ids, pack_logprobs
 from rlgw.evidence import evidence_problem
 
-from .errors import APIError, database_unavailable
+from .errors import APIError, database_timeout, database_unavailable
 from .record_store import mark_ineligible, store_batch
 
 log = logging.getLogger("rlgw.recording")
@@ -159,6 +161,7 @@ class Recorder:
         self.written = 0
         self.failed = 0
         self.retries = 0  # attempts that failed at the connection and were retried or given up
+        self.timeouts = 0  # of those, attempts cut off because the database did not answer
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="rlgw-recorder")
@@ -201,6 +204,8 @@ class Recorder:
         try:
             await done
         except Exception as exc:  # the cause is logged by the writer; callers get no internals
+            if is_timeout(exc):
+                raise database_timeout(self._retry_s) from exc
             if is_connection_error(exc):
                 raise database_unavailable() from exc
             raise APIError(
@@ -291,10 +296,12 @@ class Recorder:
                 last = exc
                 self._database_down = True
                 self.retries += 1
+                self.timeouts += is_timeout(exc)
                 for pending in batch:
                     pending.doubtful = True
                 log.warning(
-                    "database unavailable while recording %d completion(s) (%s); retrying",
+                    "database %s while recording %d completion(s) (%s); retrying",
+                    "too slow" if is_timeout(exc) else "unavailable",
                     sum(len(p.records) for p in batch),
                     _describe(exc),
                 )

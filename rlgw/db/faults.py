@@ -29,3 +29,10 @@ def is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.TimeoutError):  # no pooled connection came free in time
         return True
     return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """True when the database did not answer in the time allowed (an attempt cut off, or no
+    pooled connection free in time): a slow database and an unreachable one look the same here,
+    unlike a refused or dropped connection, which says the database is down."""
+    return isinstance(exc, TimeoutError | sa_exc.TimeoutError)
