@@ -295,6 +295,10 @@ def test_traffic_continues_through_the_other_backend_during_a_swap(stack, tmp_pa
         worker.join(timeout=60)
     assert [r.outcome for r in reports] == ["swapped", "swapped"]
     assert outcomes and all(kind == "ok" for kind, *_ in outcomes), outcomes
+    for report in reports:  # the other backend served: the stage ran out of routing
+        assert report.staged_out_of_routing
+        assert report.out_of_routing[0] <= report.stage_window[0]
+        assert report.stage_window[1] <= report.out_of_routing[1]
     overlapping = 0
     with stack.admin() as admin:
         for report in reports:

@@ -55,8 +55,10 @@ class SwapReport:
     reason: str | None = None
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
     paused_s: float = 0.0  # vLLM paused
-    out_of_routing_s: float = 0.0  # from drain to active
+    out_of_routing_s: float = 0.0  # from leaving routing (drain, or stage) to active
     out_of_routing: tuple[float, float] | None = None  # (start, end) on time.monotonic()
+    staged_out_of_routing: bool = False  # another backend served while this one staged
+    stage_window: tuple[float, float] | None = None  # (start, end) on time.monotonic()
     parity_diff: float | None = None
     bytes_shipped: int = 0
 
@@ -142,14 +144,26 @@ class SwapCoordinator:
                 )
                 return
             kind, path = "full", plan.full_path  # an anchor sync instead of a delta
-        # Staging reads and validates the file while the backend keeps serving.
+        # The stage (read, validate, prepare the new weights aside) holds vLLM's engine loop, so
+        # requests sent meanwhile wait. When another backend of the model serves, this one leaves
+        # routing first and nobody waits; a lone backend stages while in routing (a wait beats a
+        # refusal), and leaves routing only for the pause.
+        t_out, mono_out = time.perf_counter(), time.monotonic()
+        report.staged_out_of_routing = self._another_serves(backend)
+        if report.staged_out_of_routing:
+            self._set(backend.id, bs.DRAINING, f"staging version {plan.new_version}")
         try:
+            mono_stage = time.monotonic()
             staged = self._step(report, "stage", vllm.rpc, "rlgw_stage", path=path, kind=kind)
+            report.stage_window = (mono_stage, time.monotonic())
         except (ControlError, httpx.HTTPError) as exc:
             report.outcome, report.reason = "refused", f"update refused: {exc}"
+            if report.staged_out_of_routing:  # nothing was touched: serve as before
+                self._set(backend.id, bs.ACTIVE, f"version {plan.new_version} refused: {exc}")
             return
         report.bytes_shipped = sum(r.get("bytes", 0) for r in staged if isinstance(r, dict))
-        t_out, mono_out = time.perf_counter(), time.monotonic()
+        if not report.staged_out_of_routing:
+            t_out, mono_out = time.perf_counter(), time.monotonic()
         try:
             self._drain(vllm, backend, plan, report)
             t_pause = time.perf_counter()
@@ -176,6 +190,13 @@ class SwapCoordinator:
         finally:
             report.out_of_routing_s = time.perf_counter() - t_out
             report.out_of_routing = (mono_out, time.monotonic())
+
+    def _another_serves(self, backend: Backend) -> bool:
+        """True when another backend of the same model is in routing now."""
+        return any(
+            other.id != backend.id and other.state == bs.ACTIVE and other.served_version is not None
+            for other in self.backends(backend.model_id)
+        )
 
     def _drain(
         self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport
