@@ -13,7 +13,9 @@ A retry after a connection failure first settles the earlier attempt, whose COMM
 landed: it locks the batch's session rows (waiting out a transaction the server is still
 finishing), then skips the records already stored, so nothing is stored twice. A record given up
 on after such a failure may still have been committed by its last attempt although its caller was
-told it failed: once the database answers again it is marked ineligible (`DOUBTFUL_REASON`).
+told it failed: once the database answers again it is marked ineligible (`DOUBTFUL_REASON`). Until
+then its id is kept in a file journal (`doubtful_journal.py`), so a gateway stopped meanwhile
+leaves the marking to the next one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from rlgw.db.faults import DatabaseUnavailable, is_connection_error, is_timeout
 from rlgw.db.token_arrays import pack_ids, pack_logprobs
 from rlgw.evidence import evidence_problem
 
+from .doubtful_journal import DoubtfulJournal
 from .errors import APIError, database_timeout, database_unavailable
 from .record_store import mark_ineligible, store_batch
 
@@ -150,8 +153,10 @@ class Recorder:
         queue_size: int,
         batch_size: int,
         retry_s: float = 5.0,
+        journal: DoubtfulJournal | None = None,
     ) -> None:
         self._engine = engine
+        self._journal = journal
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=queue_size)
         self._batch_size = batch_size
         self._retry_s = retry_s
@@ -164,6 +169,8 @@ class Recorder:
         self.timeouts = 0  # of those, attempts cut off because the database did not answer
 
     def start(self) -> None:
+        if self._journal is not None:
+            self._doubtful.update(self._journal.adopt())
         self._task = asyncio.create_task(self._run(), name="rlgw-recorder")
 
     async def stop(self) -> None:
@@ -175,9 +182,12 @@ class Recorder:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._doubtful:
             log.error(
-                "stopping with %d completion(s) whose commit outcome is unknown: %s",
+                "stopping with %d completion(s) whose commit outcome is unknown: %s (%s)",
                 len(self._doubtful),
                 ", ".join(sorted(self._doubtful)),
+                "NOT journaled"
+                if self._journal is None
+                else f"journaled in {self._journal.path}; the next start marks them",
             )
 
     @property
@@ -315,10 +325,19 @@ class Recorder:
             return
 
     def _fail(self, batch: list[_Pending], exc: Exception) -> None:
-        for pending in batch:
-            if pending.doubtful:
-                self._doubtful.update((r.id, r.session_id) for r in pending.records)
+        doubtful = [r for pending in batch if pending.doubtful for r in pending.records]
+        if doubtful:
+            self._doubtful.update((r.id, r.session_id) for r in doubtful)
+            self._journal_write(lambda journal: journal.write(self._doubtful))
         self._settle(batch, exc)
+
+    def _journal_write(self, action) -> None:
+        if self._journal is None:
+            return
+        try:
+            action(self._journal)
+        except OSError as exc:  # the ids are still held in memory and logged at stop
+            log.error("could not write the doubtful-commit journal: %s", _describe(exc))
 
     def _settle(self, batch: list[_Pending], exc: Exception | None) -> None:
         for pending in batch:
@@ -353,6 +372,7 @@ class Recorder:
             return
         for completion_id in doubtful:
             self._doubtful.pop(completion_id, None)
+        self._journal_write(lambda journal: journal.settled(self._doubtful))
         if ids:
             log.warning(
                 "completion(s) %s were stored although their callers were told they failed: "

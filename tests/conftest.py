@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +25,9 @@ from rlgw.settings import Settings
 DEFAULT_TEST_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 ADMIN_KEY = "test-admin-key-0123456789"
 MODEL_NAME = "tiny"
+# The state directory of test gateways (journals of doubtful commits land here), removed at exit.
+TEST_HOME = Path(tempfile.mkdtemp(prefix="rlgw-test-home-"))
+atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -147,9 +153,8 @@ def gateway_settings(database_url: str, **overrides) -> Settings:
     """Settings of a test gateway. Auth is off unless a test asks for it (the auth tests do):
     the suite predates agent keys and exercises everything else in the open loopback mode."""
     overrides.setdefault("auth", "off")
-    return Settings(
-        database_url=database_url, admin_key=ADMIN_KEY, home=Path("/nonexistent"), **overrides
-    )
+    overrides.setdefault("home", TEST_HOME)
+    return Settings(database_url=database_url, admin_key=ADMIN_KEY, **overrides)
 
 
 @pytest.fixture(scope="session")

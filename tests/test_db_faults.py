@@ -2,7 +2,8 @@
 
 The gateways under test reach Postgres through a TCP fault proxy (`pg_fault_proxy.py`). Whatever
 happens, a call the client was told succeeded is stored exactly once; a call that could not be
-stored fails with 503 `database_unavailable` (a stream ends in an error event, never `[DONE]`).
+stored fails with 503 `database_unavailable` or `database_timeout` (a stream ends in an error
+event, never `[DONE]`).
 """
 
 from __future__ import annotations
@@ -449,3 +450,30 @@ def test_a_commit_that_landed_after_the_caller_gave_up_is_made_ineligible(
     record = _record(quick, completion_id)
     assert record["eligible"] is False and record["eligibility_reason"] == DOUBTFUL_REASON
     assert record["status"] == "complete"  # what happened is kept; only training is refused
+
+
+def test_a_doubtful_commit_is_still_marked_after_the_gateway_restarts(
+    proxy: PgFaultProxy, fault_db: str, db: psycopg.Connection, tmp_path: Path
+) -> None:
+    """As above, but the gateway stops before the database returns: the id waits in the
+    journal under its home, and the next gateway on that database marks the row."""
+    url = proxy.url_for(fault_db)
+    with _gateway(url, record_retry_s=1.0, home=tmp_path) as first:
+        _chat(first.client())  # connections and caches warm: the trap catches the record's commit
+        proxy.trap_commit(nth=1, forward=True, then=REFUSE)
+        with pytest.raises(openai.APIStatusError) as failed:
+            _chat(first.client())
+        completion_id = failed.value.response.headers["x-completion-id"]
+        assert proxy.trap_sprung.is_set()
+        journal = first.recorder._journal
+    (journal_file,) = journal.directory.glob("*.jsonl")
+    assert completion_id in journal_file.read_text()
+    eligible = "SELECT eligible FROM completions WHERE id = %s"
+    assert db.execute(eligible, (completion_id,)).fetchone() == (True,)  # nobody marked it yet
+
+    proxy.resume()
+    with _gateway(url, record_retry_s=1.0, home=tmp_path) as second:
+        _wait_until(lambda: db.execute(eligible, (completion_id,)).fetchone() == (False,), 30)
+        record = _record(second, completion_id)
+        assert record["eligibility_reason"] == DOUBTFUL_REASON
+        _wait_until(lambda: not list(journal.directory.glob("*.jsonl")), 10)
