@@ -20,6 +20,7 @@ from .admin.router import router as admin_router
 from .anthropic.router import router as anthropic_router
 from .auth import AuthService
 from .backend_events import follow_registry
+from .backend_health import watch_backends
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
 from .errors import install_error_handlers
@@ -97,10 +98,14 @@ def create_app(
                 )
             )
             await asyncio.wait_for(listening.wait(), timeout=30)
+            prober = asyncio.create_task(
+                watch_backends(pool, http, interval_s=settings.backend_health_interval_s)
+            )
             try:
                 yield
             finally:
                 refresher.cancel()
+                prober.cancel()
                 await recorder.stop()
                 await engine.dispose()
 

@@ -1,11 +1,12 @@
-"""The gateway's view of the backend registry, and least-in-flight routing over ACTIVE backends."""
+"""The gateway's view of the backend registry, and least-in-flight routing over ACTIVE, reachable
+backends."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -18,11 +19,13 @@ from .errors import APIError
 log = logging.getLogger("rlgw.routing")
 
 ACTIVE = "active"
+RETRY_AFTER_S = 5
 
 
 @dataclass
 class BackendView:
-    """One backend as this gateway process sees it; `in_flight` is this process's own count."""
+    """One backend as this gateway process sees it. `in_flight` and the health fields are this
+    process's own (not in Postgres): `unreachable_reason` is None while the backend answers."""
 
     id: int
     model: str
@@ -31,10 +34,20 @@ class BackendView:
     served_version: int | None
     swap_epoch: int
     in_flight: int = 0
+    unreachable_reason: str | None = None
+
+    @property
+    def in_service(self) -> bool:
+        """In service by the registry (the swap protocol's state), reachable or not."""
+        return self.state == ACTIVE and self.served_version is not None
+
+    @property
+    def reachable(self) -> bool:
+        return self.unreachable_reason is None
 
     @property
     def routable(self) -> bool:
-        return self.state == ACTIVE and self.served_version is not None
+        return self.in_service and self.reachable
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,9 @@ class BackendPool:
                     backend.served_version,
                     backend.swap_epoch,
                 )
-            else:  # keep the in-flight count: it is this process's own
+            else:  # keep the in-flight count and health: they are this process's own
+                if view.url != backend.url:  # another server now: its health is unknown
+                    view.unreachable_reason = None
                 view.model, view.url = model_name, backend.url
                 view.state, view.served_version = backend.state, backend.served_version
                 view.swap_epoch = backend.swap_epoch
@@ -93,25 +108,45 @@ class BackendPool:
     def backends(self) -> list[BackendView]:
         return sorted(self._by_id.values(), key=lambda b: b.id)
 
-    def _pick(self, model: str) -> BackendView | None:
-        candidates = [b for b in self._by_id.values() if b.model == model and b.routable]
+    async def mark(self, backend_id: int, unreachable_reason: str | None) -> None:
+        """Record whether this process can reach a backend (None: it can); a backend that comes
+        back wakes the requests waiting for one."""
+        view = self._by_id.get(backend_id)
+        if view is None or view.unreachable_reason == unreachable_reason:
+            return
+        if unreachable_reason is None:
+            log.info("backend %s (%s) is reachable again", view.id, view.url)
+        elif view.reachable:
+            log.warning("backend %s (%s) is unreachable: %s", view.id, view.url, unreachable_reason)
+        view.unreachable_reason = unreachable_reason
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _pick(self, model: str, exclude: Collection[int]) -> BackendView | None:
+        candidates = [
+            b
+            for b in self._by_id.values()
+            if b.model == model and b.routable and b.id not in exclude
+        ]
         return min(candidates, key=lambda b: (b.in_flight, b.id), default=None)
 
     @contextlib.asynccontextmanager
-    async def lease(self, model: str) -> AsyncIterator[Lease]:
-        """Hold one ACTIVE backend of `model` for a request.
+    async def lease(self, model: str, exclude: Collection[int] = ()) -> AsyncIterator[Lease]:
+        """Hold one ACTIVE, reachable backend of `model` (not one of `exclude`) for a request.
 
         When every backend of the model is out of routing (a swap in progress), the request waits
         up to `hold_timeout_s` rather than being sent to a paused server, where vLLM would queue it
-        and later run it on new weights under the old version label.
+        and later run it on new weights under the old version label. When backends are in service
+        but none can be used (unreachable from here, or in `exclude`), waiting would not help: the
+        request fails at once with 503 `backend_unavailable`.
         """
         if not any(b.model == model for b in self._by_id.values()):
             raise APIError(
                 404, f"The model `{model}` does not exist.", code="model_not_found", param="model"
             )
-        view = self._pick(model)
+        view = self._pick(model, exclude)
         if view is None:
-            view = await self._wait_for_backend(model)
+            view = await self._wait_for_backend(model, exclude)
         view.in_flight += 1
         try:
             assert view.served_version is not None
@@ -119,24 +154,29 @@ class BackendPool:
         finally:
             view.in_flight -= 1
 
-    async def _wait_for_backend(self, model: str) -> BackendView:
+    async def _wait_for_backend(self, model: str, exclude: Collection[int]) -> BackendView:
         async def _ready() -> BackendView:
             async with self._changed:
-                while (view := self._pick(model)) is None:
+                while (view := self._pick(model, exclude)) is None:
+                    if any(b.model == model and b.in_service for b in self._by_id.values()):
+                        raise _unavailable(f"no backend of `{model}` can be reached; retry later")
                     await self._changed.wait()
                 return view
 
         try:
             return await asyncio.wait_for(_ready(), self.hold_timeout_s)
         except TimeoutError:
-            raise APIError(
-                503,
-                f"no backend of `{model}` is in service (weight swap or outage); retry later",
-                code="backend_unavailable",
-                headers={"Retry-After": "5"},
+            raise _unavailable(
+                f"no backend of `{model}` is in service (weight swap or outage); retry later"
             ) from None
 
     def crossed_swap(self, lease: Lease) -> bool:
         """True when the leased backend entered a swap (was paused) since the lease began."""
         view = self._by_id.get(lease.backend_id)
         return view is None or view.swap_epoch != lease.swap_epoch
+
+
+def _unavailable(message: str) -> APIError:
+    return APIError(
+        503, message, code="backend_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}
+    )

@@ -166,6 +166,13 @@ class Settings(BaseSettings):
     backend_refresh_s: float = Field(
         default=5.0, gt=0, description="How often each gateway re-reads the backend registry."
     )
+    backend_health_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often each gateway probes every backend's /health (2 s timeout). A "
+        "backend that fails is out of this gateway's routing until a probe succeeds; the "
+        "registry state in Postgres is not changed (docs/architecture.md#backend-health).",
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -79,14 +79,23 @@ def fake_backend_db(make_database: Callable[[], str]) -> str:
     return url
 
 
+def healthy(handler: Callable) -> Callable:
+    """The fault is in generation: `/health` answers 200, as a live vLLM's does (a failing one
+    would take the backend out of the gateway's routing, see tests/test_backend_health.py)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200) if request.url.path == "/health" else handler(request)
+
+    return answer
+
+
 @pytest.fixture
 def gateway_with(fake_backend_db: str) -> Iterator[Callable]:
     servers: list[LiveServer] = []
 
     def start(handler: Callable) -> str:
-        app = create_app(
-            gateway_settings(fake_backend_db), upstream_transport=httpx.MockTransport(handler)
-        )
+        transport = httpx.MockTransport(healthy(handler))
+        app = create_app(gateway_settings(fake_backend_db), upstream_transport=transport)
         servers.append(LiveServer(app, free_port()).__enter__())
         return servers[-1].url
 

@@ -15,6 +15,7 @@ from rlgw.registry import version_label
 
 from ..deps import AdminDep, ContextDep, DbDep
 from ..errors import APIError
+from ..routing import BackendView
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 # Backend ids are Postgres integers: a larger number is a 422, not a database error.
@@ -30,6 +31,8 @@ class BackendPublic(BaseModel):
     served_version: int | None
     swap_epoch: int
     in_flight_here: int
+    reachable_here: bool
+    unreachable_reason: str | None
     updated_at: datetime
 
 
@@ -44,25 +47,30 @@ class VersionPublic(BaseModel):
     created_at: datetime
 
 
+def _public(backend: Backend, model: str, here: BackendView | None) -> BackendPublic:
+    """A registry row with this process's own view of the backend (`here`; None for one added
+    since the pool last read the registry: nothing in flight, not known to be unreachable)."""
+    return BackendPublic(
+        id=backend.id,
+        model=model,
+        url=backend.url,
+        state=backend.state,
+        state_reason=backend.state_reason,
+        served_version=backend.served_version,
+        swap_epoch=backend.swap_epoch,
+        in_flight_here=here.in_flight if here else 0,
+        reachable_here=here.reachable if here else True,
+        unreachable_reason=here.unreachable_reason if here else None,
+        updated_at=backend.updated_at,
+    )
+
+
 async def _backends(db: DbDep, ctx: ContextDep, backend_id: int | None = None):
     query = select(Backend, RegisteredModel.name).join(RegisteredModel).order_by(Backend.id)
     if backend_id is not None:
         query = query.where(Backend.id == backend_id)
-    in_flight = {b.id: b.in_flight for b in ctx.pool.backends()}
-    return [
-        BackendPublic(
-            id=b.id,
-            model=name,
-            url=b.url,
-            state=b.state,
-            state_reason=b.state_reason,
-            served_version=b.served_version,
-            swap_epoch=b.swap_epoch,
-            in_flight_here=in_flight.get(b.id, 0),
-            updated_at=b.updated_at,
-        )
-        for b, name in (await db.execute(query)).all()
-    ]
+    here = {view.id: view for view in ctx.pool.backends()}
+    return [_public(b, name, here.get(b.id)) for b, name in (await db.execute(query)).all()]
 
 
 async def _change(

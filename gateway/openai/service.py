@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +37,9 @@ from .surface import Surface, backend_error_message
 log = logging.getLogger("rlgw.proxy")
 
 _PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+# Failures to connect: nothing reached the backend, so nothing was generated and another backend
+# may take the request. A read error or timeout comes after the request was sent: never retried.
+_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 def _now() -> datetime:
@@ -187,13 +191,13 @@ class ProxyService:
             if chat.get(k) is not None
         }
         body["add_generation_prompt"] = True
-        async with self._pool.lease(chat["model"]) as lease:
-            try:
-                reply = await self._http.post(lease.url + "/tokenize", json=body)
-            except httpx.HTTPError as exc:
-                raise APIError(
-                    502, "the backend could not be reached", code="backend_error"
-                ) from exc
+        try:
+            held, reply = await self._send(
+                chat["model"], lambda lease: self._http.post(lease.url + "/tokenize", json=body)
+            )
+        except httpx.HTTPError as exc:
+            raise APIError(502, "the backend could not be reached", code="backend_error") from exc
+        await held.aclose()
         if reply.status_code != 200:
             message, _ = backend_error_message(reply.status_code, reply.content)
             status = 502 if reply.status_code >= 500 else reply.status_code
@@ -205,21 +209,22 @@ class ProxyService:
 
     async def _complete(self, call: _Call, headers: dict[str, str], receive: Any) -> Response:
         surface = call.surface
-        async with self._pool.lease(surface.model) as lease:
-            self._stamp(call, lease)
-            post = self._http.post(lease.url + _PATHS[surface.wire], json=surface.upstream())
-            try:
-                reply = await _unless_client_leaves(post, receive)
-            except httpx.HTTPError as exc:
-                await self._record_failure(call, f"backend unreachable: {exc!r}")
-                raise APIError(
-                    502, "the backend could not be reached", code="backend_error"
-                ) from exc
-            except _ClientGone:
-                self._recorder.record_nowait(
-                    call.finish("incomplete", "client disconnected before the answer")
-                )
-                return JSONResponse({}, status_code=499)  # nobody is listening
+
+        def post(lease: Lease) -> Awaitable[httpx.Response]:
+            request = self._http.post(lease.url + _PATHS[surface.wire], json=surface.upstream())
+            return _unless_client_leaves(request, receive)
+
+        try:
+            held, reply = await self._send(surface.model, post, call)
+        except httpx.HTTPError as exc:
+            await self._record_failure(call, f"backend unreachable: {exc!r}")
+            raise APIError(502, "the backend could not be reached", code="backend_error") from exc
+        except _ClientGone:
+            self._recorder.record_nowait(
+                call.finish("incomplete", "client disconnected before the answer")
+            )
+            return JSONResponse({}, status_code=499)  # nobody is listening
+        await held.aclose()
         if reply.status_code != 200:
             await self._record_failure(
                 call, f"backend answered {reply.status_code}: {reply.text[:500]}"
@@ -244,36 +249,63 @@ class ProxyService:
 
     async def _stream(self, call: _Call, headers: dict[str, str]) -> Response:
         surface = call.surface
-        lease_cm = self._pool.lease(surface.model)
-        lease = await lease_cm.__aenter__()
+
+        def send(lease: Lease) -> Awaitable[httpx.Response]:
+            url = lease.url + _PATHS[surface.wire]
+            request = self._http.build_request("POST", url, json=surface.upstream())
+            return self._http.send(request, stream=True)
+
         try:
-            self._stamp(call, lease)
-            request = self._http.build_request(
-                "POST", lease.url + _PATHS[surface.wire], json=surface.upstream()
-            )
-            upstream = await self._http.send(request, stream=True)
-        except BaseException as exc:
-            await lease_cm.__aexit__(None, None, None)
-            if isinstance(exc, httpx.HTTPError):
-                await self._record_failure(call, f"backend unreachable: {exc!r}")
-                raise APIError(
-                    502, "the backend could not be reached", code="backend_error"
-                ) from exc
-            raise
+            held, upstream = await self._send(surface.model, send, call)
+        except httpx.HTTPError as exc:
+            await self._record_failure(call, f"backend unreachable: {exc!r}")
+            raise APIError(502, "the backend could not be reached", code="backend_error") from exc
         if upstream.status_code != 200:
             content = await upstream.aread()
             await upstream.aclose()
-            await lease_cm.__aexit__(None, None, None)
+            await held.aclose()
             await self._record_failure(
                 call,
                 f"backend answered {upstream.status_code}: "
                 f"{content[:500].decode(errors='replace')}",
             )
             return surface.relay_error(upstream.status_code, content, headers)
-        relay = _Relay(call, upstream, lease_cm, self._recorder)
+        relay = _Relay(call, upstream, held, self._recorder)
         return RecordedStream(
             relay.run(), relay.abandon, media_type="text/event-stream", headers=headers
         )
+
+    async def _send(
+        self,
+        model: str,
+        send: Callable[[Lease], Awaitable[Any]],
+        call: _Call | None = None,
+    ) -> tuple[contextlib.AsyncExitStack, Any]:
+        """Lease a backend of `model` and `send(lease)` to it; returns the held lease (close it to
+        release the backend) and the reply. A backend that cannot be connected to is marked
+        unreachable in this process and the request goes to another, each tried once; when none
+        is left, 503 `backend_unavailable`. `call`, if given, is stamped with the backend that
+        answered, and recorded as failed when no backend could take it."""
+        refused: dict[int, str] = {}  # backend id -> why it could not be connected to
+        while True:
+            held = contextlib.AsyncExitStack()
+            try:
+                lease = await held.enter_async_context(self._pool.lease(model, exclude=refused))
+            except APIError as exc:
+                if call is not None and exc.code == "backend_unavailable":
+                    tried = "".join(f"; backend {i}: {why}" for i, why in refused.items())
+                    await self._record_failure(call, exc.message + tried)
+                raise
+            if call is not None:
+                self._stamp(call, lease)
+            try:
+                return held, await send(lease)
+            except BaseException as exc:
+                await held.aclose()
+                if not isinstance(exc, _CONNECT_ERRORS):
+                    raise
+                refused[lease.backend_id] = repr(exc)
+                await self._pool.mark(lease.backend_id, type(exc).__name__)
 
     def _stamp(self, call: _Call, lease: Lease) -> None:
         # The version resident on the backend for the whole lease: a swap drains the backend
@@ -294,9 +326,13 @@ class _Relay:
     """Forwards one upstream SSE stream to the client, recording every token on the way."""
 
     def __init__(
-        self, call: _Call, upstream: httpx.Response, lease_cm: Any, recorder: Recorder
+        self,
+        call: _Call,
+        upstream: httpx.Response,
+        held: contextlib.AsyncExitStack,
+        recorder: Recorder,
     ) -> None:
-        self.call, self.upstream, self.lease_cm, self.recorder = call, upstream, lease_cm, recorder
+        self.call, self.upstream, self.held, self.recorder = call, upstream, held, recorder
         self.started = False
         self.released = False
 
@@ -305,7 +341,7 @@ class _Relay:
             self.released = True
             with anyio.CancelScope(shield=True):
                 await self.upstream.aclose()
-                await self.lease_cm.__aexit__(None, None, None)
+                await self.held.aclose()
 
     async def abandon(self) -> None:
         if not self.started and not self.released:
