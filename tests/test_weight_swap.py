@@ -23,7 +23,8 @@ from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 from rlgw.registry import register_backend
 from trainer.parity import reference_scores, served_scores
 from trainer.push import PushError, push
-from trainer.swap.coordinator import SwapCoordinator, SwapPlan
+from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
+from trainer.swap.vllm_control import VllmControl
 from trainer.weights import write_update
 
 from conftest import (
@@ -178,9 +179,14 @@ def test_corrupt_delta_is_refused_and_nothing_is_half_applied(stack, tmp_path, c
         reference_new=expected,
         reference_old=expected,
     )
+    checksums = [VllmControl(stack.http, url).rpc("rlgw_checksum") for url in stack.backends]
     reports = SwapCoordinator(engine, drain_timeout_s=5, parity_tolerance=TOL).push(plan)
     engine.dispose()
     assert [r.outcome for r in reports] == ["refused", "refused"]  # the backends refused it
+    # Bitwise untouched, not only within the parity tolerance.
+    assert [
+        VllmControl(stack.http, url).rpc("rlgw_checksum") for url in stack.backends
+    ] == checksums
     for url in stack.backends:
         assert served_scores(stack.http, url, MODEL_NAME).max_abs_diff(expected) <= TOL
         assert stack.http.get(f"{url}/weight_info").json()["weight_version"] == str(version)
@@ -219,6 +225,59 @@ def test_failed_parity_rolls_back_and_says_why(stack, tmp_path):
     assert listed["state"] == "active" and listed["served_version"] == version
     assert "parity failed" in listed["state_reason"]
     assert f"kept version {version} (verified)" in listed["state_reason"]
+
+
+def test_a_swap_that_cannot_verify_the_old_weights_leaves_the_backend_failed(stack, tmp_path):
+    """Parity fails, the rollback cannot be verified (here: a wrong old reference): the backend
+    stays out of routing, vLLM's label names no version, and an admin resume is refused."""
+    version = stack.version()
+    wrong_new, wrong_old = (
+        reference_scores(reference_with(stack.model_dir, random_delta(stack.model_dir, seed)))
+        for seed in (11, 12)
+    )
+    path = write_delta(random_delta(stack.model_dir, seed=13), tmp_path / "d.safetensors")
+    engine = create_engine(stack.db_url)
+    with Session(engine) as db:
+        model_id = db.scalar(select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME))
+    plan = SwapPlan(
+        model_name=MODEL_NAME,
+        model_id=model_id,
+        parent_version=version,
+        new_version=version + 1,
+        kind="delta",
+        update_path=str(path),
+        reference_new=wrong_new,
+        reference_old=wrong_old,
+    )
+    coordinator = SwapCoordinator(engine, drain_timeout_s=5, parity_tolerance=TOL)
+    backend, other = coordinator.backends(model_id)[:2]
+    checksum_before = VllmControl(stack.http, backend.url).rpc("rlgw_checksum")
+    report = coordinator.swap_backend(backend, plan)
+    engine.dispose()
+    assert report.outcome == "failed" and "restored weights fail parity" in report.reason
+    label = stack.http.get(f"{backend.url}/weight_info").json()["weight_version"]
+    assert label == failed_label(version + 1)
+    # The rollback itself was exact: the served weights are bitwise the old ones.
+    assert VllmControl(stack.http, backend.url).rpc("rlgw_checksum") == checksum_before
+    with stack.admin() as admin:
+        listed = {b["id"]: b for b in admin.get("/admin/backends").json()}[backend.id]
+        assert listed["state"] == "failed" and "fail parity" in listed["state_reason"]
+        refused = admin.post(f"/admin/backends/{backend.id}/resume")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "version_mismatch"
+        served = {admin.get(f"/admin/completions/{chat(stack.gateway).id}").json()["backend"]}
+        assert served == {other.id}  # traffic goes to the other backend only
+        # An operator who has checked the weights labels them and resumes the backend.
+        stack.http.post(
+            f"{backend.url}/update_weight_version", json={"new_version": str(version)}
+        ).raise_for_status()
+        resumed = admin.post(f"/admin/backends/{backend.id}/resume")
+        assert resumed.status_code == 200 and resumed.json()["state"] == "active"
+    assert (
+        served_scores(stack.http, backend.url, MODEL_NAME).max_abs_diff(
+            reference_scores(stack.reference())
+        )
+        <= TOL
+    )
 
 
 def _traffic(base: str, stop: threading.Event, outcomes: list, **kwargs) -> None:

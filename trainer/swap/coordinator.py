@@ -177,6 +177,7 @@ class SwapCoordinator:
         except SwapFailed as exc:
             report.outcome, report.reason = "failed", str(exc)
             self._set(backend.id, bs.FAILED, f"swap to version {plan.new_version} failed: {exc}")
+            _label_failed(vllm, plan)
             if not exc.leave_paused:
                 with contextlib.suppress(ControlError, httpx.HTTPError):
                     vllm.resume()
@@ -187,6 +188,7 @@ class SwapCoordinator:
                 bs.FAILED,
                 f"swap to version {plan.new_version} failed, weights unknown: {exc}",
             )
+            _label_failed(vllm, plan)
         finally:
             report.out_of_routing_s = time.perf_counter() - t_out
             report.out_of_routing = (mono_out, time.monotonic())
@@ -295,3 +297,14 @@ class _Undone(SwapFailed):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"apply undone: {reason}", leave_paused=False)
+
+
+def failed_label(new_version: int) -> str:
+    """vLLM's weight label of a backend whose swap failed: it matches no version, so an admin
+    resume (which checks the label against the registry) refuses it until weights are pushed."""
+    return f"failed-swap-to-{version_label(new_version)}"
+
+
+def _label_failed(vllm: VllmControl, plan: SwapPlan) -> None:
+    with contextlib.suppress(ControlError, httpx.HTTPError):  # best effort: it may be gone
+        vllm.set_weight_version(failed_label(plan.new_version))
