@@ -23,6 +23,7 @@ from .backend_events import follow_registry
 from .backend_health import watch_backends
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
+from .doubtful_journal import DoubtfulJournal, journal_directory
 from .errors import install_error_handlers
 from .health import router as health_router
 from .limits import Limiter, ReleaseSlots
@@ -65,6 +66,7 @@ def create_app(
                 queue_size=settings.record_queue_size,
                 batch_size=settings.record_batch_size,
                 retry_s=settings.record_retry_s,
+                journal=DoubtfulJournal(journal_directory(settings.home, settings.database_url)),
             )
             recorder.start()
             app.state.context = GatewayContext(

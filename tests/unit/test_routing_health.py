@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import pytest
 
+from gateway.backend_health import SLOW_STRIKES, probe_all
 from gateway.errors import APIError
 from gateway.routing import BackendPool, BackendView
 
@@ -107,3 +109,38 @@ async def test_unknown_model_is_still_404():
         async with pool_of(backend(1)).lease("other"):
             pass
     assert (caught.value.status, caught.value.code) == (404, "model_not_found")
+
+
+def _answering(statuses: dict[str, int | None]) -> httpx.AsyncClient:
+    """Backends whose /health answers with the given status; None: the connection is refused.
+    (A unit test of the probe's bookkeeping; the real-backend probe is in test_backend_health.)"""
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        status = statuses[f"http://{request.url.host}"]
+        if status is None:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(status)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(reply))
+
+
+async def test_a_refused_probe_marks_at_once_a_slow_one_after_three_in_a_row():
+    pool = pool_of(backend(1), backend(2))
+    statuses: dict[str, int | None] = {"http://b1": None, "http://b2": 503}
+    strikes: dict[int, int] = {}
+    async with _answering(statuses) as http:
+        await probe_all(pool, http, strikes)
+        assert [b.reachable for b in pool.backends()] == [False, True]
+        await probe_all(pool, http, strikes)
+        assert pool.backends()[1].reachable  # two 503s: maybe only busy
+        statuses["http://b2"] = 200
+        await probe_all(pool, http, strikes)  # an answer clears the count
+        statuses["http://b2"] = 503
+        for _ in range(SLOW_STRIKES - 1):
+            await probe_all(pool, http, strikes)
+        assert pool.backends()[1].reachable
+        await probe_all(pool, http, strikes)
+        assert pool.backends()[1].unreachable_reason == "HTTP 503"
+        statuses.update({"http://b1": 200, "http://b2": 200})
+        await probe_all(pool, http, strikes)
+        assert all(b.reachable for b in pool.backends())
