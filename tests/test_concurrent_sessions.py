@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import openai
+import pytest
 
 from conftest import MODEL_NAME
 
@@ -31,7 +32,7 @@ async def agent(http: httpx.AsyncClient, n: int) -> tuple[str, list, list[str]]:
             messages=messages,
             max_tokens=6,
             temperature=1.0,
-            logprobs=True,
+            logprobs=True,  # the export's output_logprobs are compared with these
             extra_body={"return_token_ids": True},
         )
         reply = await client.chat.completions.create(**ask)
@@ -61,4 +62,9 @@ async def test_fifty_concurrent_sessions_export_their_own_transcripts(gateway_ur
                 dumped = reply.model_dump()
                 assert step["prompt_token_ids"] == dumped["prompt_token_ids"]
                 assert step["output_token_ids"] == dumped["choices"][0]["token_ids"]
+                # The log-probs the agent was sent (it asked for them), one per output token;
+                # stored as float32, so equal to vLLM's float32 values within 1e-6.
+                received = [t.logprob for t in reply.choices[0].logprobs.content]
+                assert len(received) == len(step["output_token_ids"])
+                assert step["output_logprobs"] == pytest.approx(received, rel=0, abs=1e-6)
             assert [s["parent_id"] for s in steps] == [None, kept[0].id, kept[1].id]

@@ -141,17 +141,32 @@ def test_same_idempotency_key_groups_requests_with_different_bodies(http):
     assert detail[a.id]["is_orphan"] and not detail[b.id]["is_orphan"]
 
 
-def test_reward_naming_an_orphan_is_409_with_an_explanation(http):
+def test_reward_naming_an_orphan_is_409_with_an_explanation_and_changes_nothing(http):
     session = new_session(http)
     orphan = ask(session["base_url"], QUESTION)
-    ask(session["base_url"], QUESTION)
-    reply = http.post(
-        f"/v1/sessions/{session['id']}/rewards", json={"value": 1.0, "completion_id": orphan.id}
-    )
-    assert reply.status_code == 409
-    error = reply.json()["error"]
-    assert error["code"] == "completion_is_orphan" and "retry" in error["message"]
-    assert http.get(f"/v1/sessions/{session['id']}").json()["rewards"] == []
+    kept = ask(session["base_url"], QUESTION)
+    url = f"/v1/sessions/{session['id']}/rewards"
+    stored = http.post(url, json={"value": 0.5, "completion_id": kept.id})
+    assert stored.status_code == 201, stored.text
+    before = http.get(f"/v1/sessions/{session['id']}").json()
+    flags = {c["id"]: c["is_orphan"] for c in before["completions"]}
+    assert flags == {orphan.id: True, kept.id: False}
+    trajectory_before = export(http, session["id"])
+
+    for headers in ({}, {"Idempotency-Key": "orphan-reward"}):
+        reply = http.post(url, json={"value": 1.0, "completion_id": orphan.id}, headers=headers)
+        assert reply.status_code == 409
+        error = reply.json()["error"]
+        assert error["code"] == "completion_is_orphan" and "retry" in error["message"]
+
+    after = http.get(f"/v1/sessions/{session['id']}").json()
+    assert after["rewards"] == before["rewards"] == [stored.json()]  # the kept one's, untouched
+    assert {c["id"]: c["is_orphan"] for c in after["completions"]} == flags
+    assert after["completions"] == before["completions"]  # lineage, orphan reasons, eligibility
+    trajectory_after = export(http, session["id"])
+    assert trajectory_after == trajectory_before
+    assert trajectory_after["return_raw"] == 0.5
+    assert [s["completion_id"] for s in trajectory_after["steps"]] == [kept.id]
 
 
 def test_stream_turns_link_like_plain_ones(http):

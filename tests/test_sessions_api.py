@@ -102,18 +102,53 @@ def test_without_a_key_two_posts_are_two_rewards(http):
     assert len(http.get(f"/v1/sessions/{session['id']}").json()["rewards"]) == 2
 
 
-def test_reward_to_unknown_session_is_404(http):
-    reply = http.post("/v1/sessions/never-made/rewards", json={"value": 1.0})
-    assert reply.status_code == 404 and reply.json()["error"]["code"] == "session_not_found"
+def table_counts(database_url: str, session_id: str) -> dict[str, int]:
+    """Rows stored for one session id, and the size of the rewards table."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            one = {"id": session_id}
+            return {
+                "sessions": conn.execute(
+                    text("SELECT count(*) FROM sessions WHERE id = :id"), one
+                ).scalar_one(),
+                "rewards_of_session": conn.execute(
+                    text("SELECT count(*) FROM rewards WHERE session_id = :id"), one
+                ).scalar_one(),
+                "rewards": conn.execute(text("SELECT count(*) FROM rewards")).scalar_one(),
+            }
+    finally:
+        engine.dispose()
+
+
+def test_reward_to_unknown_session_is_404_and_creates_nothing(http, database_url):
+    sid = f"never-made-{uuid.uuid4().hex}"
+    before = table_counts(database_url, sid)
+    assert before["sessions"] == 0 and before["rewards_of_session"] == 0
+    for body, headers in [
+        ({"value": 1.0}, {}),
+        ({"value": 1.0}, {"Idempotency-Key": f"{sid}:final"}),
+        ({"value": 1.0, "completion_id": "chatcmpl-nothing"}, {}),
+    ]:
+        reply = http.post(f"/v1/sessions/{sid}/rewards", json=body, headers=headers)
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "session_not_found"
+    # The session still does not exist (no reward post creates it), and no reward row was written.
+    assert http.get(f"/v1/sessions/{sid}").status_code == 404
+    assert http.get(f"/v1/sessions/{sid}/trajectory").status_code == 404
+    assert table_counts(database_url, sid) == before
 
 
 def test_reward_naming_a_completion_of_another_session_is_404(http):
     a, b = new_session(http), new_session(http)
+    complete(a["base_url"])
     other = complete(b["base_url"])
     reply = http.post(
         f"/v1/sessions/{a['id']}/rewards", json={"value": 1.0, "completion_id": other.id}
     )
     assert reply.status_code == 404
+    assert reply.json()["error"]["code"] == "completion_not_found"
+    for session in (a, b):  # neither session got a reward
+        assert http.get(f"/v1/sessions/{session['id']}").json()["rewards"] == []
 
 
 @pytest.mark.parametrize(
@@ -130,32 +165,46 @@ def test_non_finite_reward_is_422_and_stores_nothing(http, raw):
     session = new_session(http)
     complete(session["base_url"])
     http.post(f"/v1/sessions/{session['id']}/rewards", json={"value": 0.25})
+    before = http.get(f"/v1/sessions/{session['id']}").json()
     reply = http.post(
         f"/v1/sessions/{session['id']}/rewards",
         content=raw,
         headers={"Content-Type": "application/json"},
     )
     assert reply.status_code == 422, reply.text
-    assert [r["value"] for r in http.get(f"/v1/sessions/{session['id']}").json()["rewards"]] == [
-        0.25
-    ]
+    after = http.get(f"/v1/sessions/{session['id']}").json()
+    assert [r["value"] for r in after["rewards"]] == [0.25]
+    assert after["rewards"] == before["rewards"] and after["status"] == before["status"] == "open"
 
 
 def test_reward_to_a_consumed_session_is_409_and_changes_nothing(http, database_url):
     session = new_session(http)
-    complete(session["base_url"])
-    http.post(f"/v1/sessions/{session['id']}/rewards", json={"value": 1.0})
+    reply = complete(session["base_url"])
+    http.post(
+        f"/v1/sessions/{session['id']}/rewards",
+        json={"value": 1.0},
+        headers={"Idempotency-Key": "before-consumption"},
+    )
     engine = create_engine(database_url)
     with engine.begin() as conn:  # what the trainer does when it consumes a session
         conn.execute(
             text("UPDATE sessions SET status = 'consumed' WHERE id = :id"), {"id": session["id"]}
         )
     engine.dispose()
-    reply = http.post(f"/v1/sessions/{session['id']}/rewards", json={"value": 5.0})
-    assert reply.status_code == 409 and reply.json()["error"]["code"] == "session_consumed"
-    assert [r["value"] for r in http.get(f"/v1/sessions/{session['id']}").json()["rewards"]] == [
-        1.0
-    ]
+    before = http.get(f"/v1/sessions/{session['id']}").json()
+    assert before["status"] == "consumed" and [r["value"] for r in before["rewards"]] == [1.0]
+    url = f"/v1/sessions/{session['id']}/rewards"
+    for body, headers in [
+        ({"value": 5.0}, {}),
+        ({"value": 5.0, "completion_id": reply.id}, {}),
+        ({"value": 5.0}, {"Idempotency-Key": "after-consumption"}),
+    ]:
+        refused = http.post(url, json=body, headers=headers)
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "session_consumed"
+    after = http.get(f"/v1/sessions/{session['id']}").json()
+    assert after["status"] == "consumed"  # the refusal did not reopen or close the session
+    assert after["rewards"] == before["rewards"]  # same ids, values, keys, timestamps
+    assert after["completions"] == before["completions"]
 
 
 def test_reward_on_a_session_without_completions_is_409(http):
