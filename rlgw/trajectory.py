@@ -53,6 +53,13 @@ class Step(BaseModel):
     eligibility_reason: str | None
     rewards: list[RewardOut]
     reward_raw: float | None = Field(description="sum of this completion's counting rewards")
+    reward_normalized: float | None = Field(
+        default=None,
+        description="the normalized reward this step is trained with (its advantage): for a "
+        "sibling choice (n > 1) of a session that normalizes siblings, its reward normalized "
+        "within its sibling group; otherwise the session's return_normalized (every turn shares "
+        "the episode's outcome); null while its group is pending or when it was dropped",
+    )
     response: dict[str, Any] | None
     created_at: datetime
 
@@ -204,7 +211,7 @@ def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory |
         )
         return_normalized = verdict.normalized.get(session_id)
     sibling_normalization = session.sibling_normalization or DEFAULT_SIBLING_NORMALIZATION
-    return Trajectory(
+    trajectory = Trajectory(
         session_id=session.id,
         group_id=session.group_id,
         task_id=session.task_id,
@@ -223,6 +230,10 @@ def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory |
         sibling_normalization=sibling_normalization,
         sibling_groups=sibling_groups(steps, sibling_normalization),
     )
+    siblings = sibling_advantages(trajectory)
+    for step in steps:
+        step.reward_normalized = siblings.get(step.completion_id, return_normalized)
+    return trajectory
 
 
 def sibling_groups(steps: list[Step], how: str) -> list[SiblingGroupOut]:
@@ -246,3 +257,18 @@ def sibling_groups(steps: list[Step], how: str) -> list[SiblingGroupOut]:
             )
         )
     return out
+
+
+def sibling_advantages(t: Trajectory) -> dict[str, float | None]:
+    """Each sibling step's advantage when the session normalizes its siblings (GRPO over the
+    choices of one prompt): its reward normalized within its sibling group, or None while the
+    group is pending. Empty when sibling_normalization is `none` (siblings are ordinary steps)."""
+    if t.sibling_normalization == "none":
+        return {}
+    advantages: dict[str, float | None] = {}
+    for group in t.sibling_groups:
+        for completion_id in group.completion_ids:
+            advantages[completion_id] = (
+                group.normalized.get(completion_id) if group.status == "ready" else None
+            )
+    return advantages

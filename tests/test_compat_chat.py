@@ -227,6 +227,11 @@ def test_siblings_are_not_retries_and_rewards_name_any_sibling(http):
     assert group["normalized"] == pytest.approx(dict(zip(kept, (0.0, -1.0, 1.0), strict=True)))
     steps = {s["completion_id"]: s for s in trajectory["steps"]}
     assert steps[kept[1]]["sibling_group"] == first.id and steps[follow.id]["sibling_group"] is None
+    # Each step carries what it is trained with: siblings their normalized reward, the others
+    # the session's return (here the sum of the sibling rewards: no group).
+    assert [steps[i]["reward_normalized"] for i in kept] == pytest.approx([0.0, -1.0, 1.0])
+    assert steps[follow.id]["reward_raw"] is None
+    assert steps[follow.id]["reward_normalized"] == trajectory["return_normalized"] == 3.0
 
 
 def test_a_session_reward_after_several_choices_must_name_one(http):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlgw.trajectory import Step, Trajectory
+from rlgw.trajectory import Step, Trajectory, sibling_advantages
 
 from .config import TrainerConfig
 
@@ -27,21 +27,6 @@ class Skip:
     session_id: str
     completion_id: str
     reason: str
-
-
-def sibling_advantages(t: Trajectory) -> dict[str, float | None]:
-    """Each sibling step's advantage when the session normalizes its siblings (GRPO over the
-    choices of one prompt): its reward normalized within its sibling group, or None while the
-    group is pending. Empty when sibling_normalization is `none` (siblings are ordinary steps)."""
-    if t.sibling_normalization == "none":
-        return {}
-    advantages: dict[str, float | None] = {}
-    for group in t.sibling_groups:
-        for completion_id in group.completion_ids:
-            advantages[completion_id] = (
-                group.normalized.get(completion_id) if group.status == "ready" else None
-            )
-    return advantages
 
 
 def _skip_reason(
