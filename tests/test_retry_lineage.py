@@ -116,6 +116,24 @@ def test_two_retries_neither_continued_keeps_only_the_last(http):
     assert [e["completion_id"] for e in trajectory["excluded"]] == [first.id]
 
 
+def test_a_reward_whose_completion_became_an_orphan_stops_counting(http):
+    """Rewarded while it was the kept attempt, then superseded by a retry: the reward is kept
+    (nothing is deleted) but no longer counts, and a replay of its key says so."""
+    session = new_session(http)
+    first = ask(session["base_url"], QUESTION, temperature=1.0)
+    rewards = f"/v1/sessions/{session['id']}/rewards"
+    key = {"Idempotency-Key": "episode-end"}
+    stored = http.post(rewards, json={"value": 1.0, "completion_id": first.id}, headers=key)
+    assert stored.status_code == 201 and stored.json()["counts"] is True
+    second = ask(session["base_url"], QUESTION, temperature=1.0)  # the retry supersedes it
+    replay = http.post(rewards, json={"value": 1.0, "completion_id": first.id}, headers=key)
+    assert replay.status_code == 200 and replay.json()["id"] == stored.json()["id"]
+    assert replay.json()["counts"] is False
+    trajectory = export(http, session["id"])
+    assert [s["completion_id"] for s in trajectory["steps"]] == [second.id]
+    assert trajectory["return_raw"] is None  # the only reward is on an orphan
+
+
 def test_continuing_an_earlier_attempt_keeps_it_over_a_later_one(http):
     session = new_session(http)
     base = session["base_url"]

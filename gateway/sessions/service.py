@@ -251,6 +251,14 @@ async def _target_completion(db: AsyncSession, session_id: str, completion_id: s
     return completion_id
 
 
+async def _counts(db: AsyncSession, reward: Reward) -> bool:
+    """A stored reward counts unless its completion has since become a retry orphan."""
+    if reward.completion_id is None:
+        return True
+    target = await db.get(Completion, reward.completion_id)
+    return target is None or not target.is_orphan
+
+
 async def add_reward(
     db: AsyncSession,
     session_id: str,
@@ -282,7 +290,7 @@ async def add_reward(
                         "this Idempotency-Key was used with a different body",
                         code="idempotency_key_reused",
                     )
-                return _reward_out(earlier, counts=True), False
+                return _reward_out(earlier, counts=await _counts(db, earlier)), False
         if session.status in ("claimed", "consumed", "dropped"):
             detail = {
                 "claimed": "is being trained on",
