@@ -124,6 +124,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
 
 
+def _iso_time(value: str):
+    from rlgw.export import parse_since
+
+    try:
+        return parse_since(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {value!r} (e.g. 2026-11-29T14:00:00Z)"
+        ) from None
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from rlgw.database import resolve_database_url
     from rlgw.export import export_command
@@ -210,7 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="gateway bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="gateway port (default 8000)")
     p.add_argument("--backend-port", type=int, default=8100, help="vLLM port (default 8100)")
-    p.add_argument("--preset", default="tiny", help="model preset created when missing")
+    p.add_argument(
+        "--preset",
+        default="tiny",
+        choices=["tiny", "small", "bench-0.5b"],
+        help="model preset created when missing",
+    )
     p.add_argument("--seed", type=int, default=0, help="model seed")
 
     p = add("demo", cmd_demo, "Agents learn a task online through the gateway; plots the reward.")
@@ -271,7 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--session", help="one session id")
     which.add_argument("--group", help="every session of a group")
-    which.add_argument("--since", help="every session created since this ISO 8601 time")
+    which.add_argument(
+        "--since",
+        type=_iso_time,
+        help="every session created since this ISO 8601 time (UTC when it has no zone)",
+    )
     p.add_argument("--out", default="-", help="output file (default: standard output)")
 
     p = add("push", cmd_push, "Install new weights on every backend of a model, verified.")

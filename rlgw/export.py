@@ -61,9 +61,10 @@ def export_command(
     *,
     session_id: str | None,
     group_id: str | None,
-    since: str | None,
+    since: str | datetime | None,
     out_path: str | None,
 ) -> int:
+    """Write the selected sessions; 1 (and a message) when a named session or group has none."""
     from rlgw.db.engine import make_sync_engine, sync_session_factory
 
     engine = make_sync_engine(url)
@@ -73,7 +74,7 @@ def export_command(
                 db,
                 session_id=session_id,
                 group_id=group_id,
-                since=parse_since(since) if since else None,
+                since=parse_since(since) if isinstance(since, str) else since,
             )
             if out_path in (None, "-"):
                 count = write_jsonl(db, ids, sys.stdout)
@@ -83,4 +84,10 @@ def export_command(
     finally:
         engine.dispose()
     print(f"[rlgw] exported {count} session(s)", file=sys.stderr)
+    if count == 0 and session_id is not None:
+        print(f"rlgw export: no session {session_id!r}", file=sys.stderr)
+        return 1
+    if count == 0 and group_id is not None:
+        print(f"rlgw export: no session in group {group_id!r}", file=sys.stderr)
+        return 1
     return 0

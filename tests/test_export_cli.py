@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from rlgw.cli import main
 from rlgw.export import export_command
 
 from conftest import MODEL_NAME
@@ -65,3 +66,27 @@ def test_export_since_a_time_includes_recent_sessions_only(two_sessions, databas
     past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     export_command(database_url, session_id=None, group_id=None, since=past, out_path=str(out))
     assert set(two_sessions[1]) <= {line["session_id"] for line in read_jsonl(out)}
+
+
+def test_the_command_line_exports_a_session_and_refuses_bad_selectors(
+    two_sessions, database_url, tmp_path, monkeypatch, capsys
+):
+    """Through `rlgw export` itself: a named session is written; an unknown one and a bad time
+    are errors with a message, not an empty file and exit 0, nor a traceback."""
+    monkeypatch.setenv("RLGW_DATABASE_URL", database_url)
+    out = tmp_path / "cli.jsonl"
+    with pytest.raises(SystemExit) as done:
+        main(["export", "--session", two_sessions[1][0], "--out", str(out)])
+    assert done.value.code == 0
+    assert [line["session_id"] for line in read_jsonl(out)] == [two_sessions[1][0]]
+
+    with pytest.raises(SystemExit) as unknown:
+        main(["export", "--session", "no-such-session", "--out", str(out)])
+    assert unknown.value.code == 1
+    assert "no session 'no-such-session'" in capsys.readouterr().err
+
+    with pytest.raises(SystemExit) as bad_time:
+        main(["export", "--since", "last tuesday"])
+    assert bad_time.value.code == 2
+    err = capsys.readouterr().err
+    assert "not an ISO 8601 time" in err and "Traceback" not in err

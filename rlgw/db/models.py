@@ -129,7 +129,7 @@ class AgentSession(Base):
     """One agent episode: the completions it made and the rewards it earned."""
 
     __tablename__ = "sessions"
-    __table_args__ = (Index(None, "status", "closed_at"),)
+    __table_args__ = (Index(None, "status", "closed_at"), Index(None, "created_at"))
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     group_id: Mapped[str | None] = mapped_column(
