@@ -1,0 +1,49 @@
+"""`rlgw backend`'s vLLM command line and environment, for the CPU and the GPU builds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlgw.backend_launcher import CPU_MAX_MODEL_LEN, backend_command
+
+
+def _model(tmp_path: Path, positions: int = 32768) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": positions}))
+    return tmp_path
+
+
+def _value(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def test_cpu_runs_fp32_eager_with_the_weight_plugin_and_a_bounded_context(tmp_path: Path) -> None:
+    argv, env = backend_command(_model(tmp_path), 8100, platform="cpu", served_model_name="m")
+    assert _value(argv, "--dtype") == "float32" and "--enforce-eager" in argv
+    assert _value(argv, "--max-model-len") == str(CPU_MAX_MODEL_LEN)
+    assert _value(argv, "--served-model-name") == "m" and _value(argv, "--port") == "8100"
+    assert _value(argv, "--worker-extension-cls") == "trainer.vllm_worker.WeightUpdateExtension"
+    assert "--enable-auto-tool-choice" in argv and _value(argv, "--tool-call-parser")
+    assert env["RLGW_VLLM_KEEP_WEIGHTS"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1" and "VLLM_CPU_KVCACHE_SPACE" in env
+
+
+def test_cpu_context_never_exceeds_the_models_positions(tmp_path: Path) -> None:
+    argv, _ = backend_command(_model(tmp_path, positions=256), 8100, platform="cpu")
+    assert _value(argv, "--max-model-len") == "256"
+
+
+def test_gpu_runs_bf16_with_cuda_graphs_and_the_models_own_context(tmp_path: Path) -> None:
+    argv, env = backend_command(_model(tmp_path), 8100, platform="gpu")
+    assert _value(argv, "--dtype") == "bfloat16" and "--enforce-eager" not in argv
+    assert "--max-model-len" not in argv
+    assert _value(argv, "--worker-extension-cls") == "trainer.vllm_worker.WeightUpdateExtension"
+    assert "RLGW_VLLM_KEEP_WEIGHTS" not in env and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_flags_given_by_the_user_replace_the_defaults(tmp_path: Path) -> None:
+    extra = ["--dtype", "float16", "--max-model-len", "1024"]
+    argv, _ = backend_command(_model(tmp_path), 8100, platform="cpu", extra_args=extra)
+    assert argv.count("--dtype") == 1 and _value(argv, "--dtype") == "float16"
+    assert argv.count("--max-model-len") == 1 and _value(argv, "--max-model-len") == "1024"
