@@ -42,6 +42,7 @@ async def follow_registry(
             ) as conn:
                 await conn.execute(f"LISTEN {CHANNEL}")
                 await pool.refresh()
+                pool.follow(connected=True)
                 backoff = 0.5
                 if ready is not None:
                     ready.set()
@@ -55,6 +56,7 @@ async def follow_registry(
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the database went away: keep the last view, reconnect
+            pool.follow(connected=False)
             log.warning("registry listener lost its connection (%s); reconnecting", exc)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)

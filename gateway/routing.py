@@ -58,6 +58,7 @@ class Lease:
     url: str
     served_version: int
     swap_epoch: int
+    following: int  # the pool's `following` generation when the lease began (0: not following)
 
 
 @dataclass
@@ -66,6 +67,10 @@ class BackendPool:
 
     sessions: async_sessionmaker
     hold_timeout_s: float = 30.0
+    # Which connection of the registry listener this pool follows swaps through: 0 while it has
+    # none; a new number after each (re)connection, since a swap may have gone unseen between.
+    following: int = 0
+    _connections: int = 0
     _by_id: dict[int, BackendView] = field(default_factory=dict)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
@@ -150,7 +155,7 @@ class BackendPool:
         view.in_flight += 1
         try:
             assert view.served_version is not None
-            yield Lease(view.id, view.url, view.served_version, view.swap_epoch)
+            yield Lease(view.id, view.url, view.served_version, view.swap_epoch, self.following)
         finally:
             view.in_flight -= 1
 
@@ -170,10 +175,25 @@ class BackendPool:
                 f"no backend of `{model}` is in service (weight swap or outage); retry later"
             ) from None
 
-    def crossed_swap(self, lease: Lease) -> bool:
-        """True when the leased backend entered a swap (was paused) since the lease began."""
+    def follow(self, connected: bool) -> None:
+        """The registry listener (re)connected, or lost its connection."""
+        self._connections += 1
+        self.following = self._connections if connected else 0
+
+    def swap_doubt(self, lease: Lease) -> str | None:
+        """Why the tokens of a request on `lease` may not all come from its stamped version:
+        its backend entered a swap (was paused) since the lease began, or this process was not
+        following the registry throughout (a swap it did not hear of cannot be ruled out).
+        None when neither."""
         view = self._by_id.get(lease.backend_id)
-        return view is None or view.swap_epoch != lease.swap_epoch
+        if view is None or view.swap_epoch != lease.swap_epoch:
+            return "the request crossed a weight swap of its backend"
+        if not lease.following or lease.following != self.following:
+            return (
+                "the gateway was not following backend swaps throughout the request (registry "
+                "connection lost): a swap cannot be ruled out"
+            )
+        return None
 
 
 def _unavailable(message: str) -> APIError:

@@ -437,3 +437,38 @@ def test_a_replica_rereads_the_registry_after_losing_its_connection(stack):
         conn.execute(text("SELECT pg_notify('rlgw_backends', :id)"), {"id": str(backend_id)})
     engine.dispose()
     _wait_for(lambda: _replica_state(stack, backend_id) == "active", timeout_s=5.0)
+
+
+def test_a_request_spanning_a_lost_registry_connection_is_not_trained_on(stack):
+    """While its listener is reconnecting, a gateway cannot rule out a swap it did not hear of:
+    a request that was in flight then is recorded but excluded; the next one is eligible."""
+    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Tell me a long story"}],
+        max_tokens=200,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    first = next(iter(stream))
+    engine = create_engine(stack.db_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'rlgw-registry-listener' "
+                "AND datname = current_database()"
+            )
+        )
+    engine.dispose()
+    for _ in stream:
+        pass
+    time.sleep(1.0)  # the listener reconnects (backoff 0.5 s) before the next request
+    after = chat(stack.gateway)
+    with stack.admin() as admin:
+        spanning = admin.get(f"/admin/completions/{first.id}").json()
+        fresh = admin.get(f"/admin/completions/{after.id}").json()
+    assert spanning["status"] == "complete" and len(spanning["output_token_ids"]) == 200
+    assert spanning["eligible"] is False
+    assert "not following backend swaps" in spanning["eligibility_reason"]
+    assert fresh["eligible"] is True, fresh["eligibility_reason"]

@@ -59,7 +59,7 @@ class _Call:
     t0: float
     sequence: Any = None  # what the request was conditioned on (lineage)
     choices: dict[int, dict[str, Any]] = field(default_factory=dict)  # wire-format, by index
-    crossed_swap: Any = None  # () -> bool, set once a backend is leased
+    swap_doubt: Any = None  # () -> str | None, set once a backend is leased
 
     @property
     def record(self) -> CompletionRecord:
@@ -67,7 +67,7 @@ class _Call:
         return self.records[0]
 
     def finish(self, status: str, reason: str | None = None) -> list[CompletionRecord]:
-        crossed = self.crossed_swap is not None and self.crossed_swap()
+        doubt = self.swap_doubt() if self.swap_doubt is not None else None
         latency, finished = _ms_since(self.t0), _now()
         wire = self.surface.wire
         for index, rec in enumerate(self.records):
@@ -75,9 +75,9 @@ class _Call:
             if status == "complete" and index not in self.choices:
                 rec.status = "error"
                 rec.status_reason = f"the backend's reply has no choice {index}"
-            if crossed:
+            if doubt:
                 # Its tokens may come from two weight versions: never train on a guessed label.
-                rec.exclusion_reason = "the request crossed a weight swap of its backend"
+                rec.exclusion_reason = doubt
             rec.latency_ms = latency
             rec.finished_at = finished
             if rec.response is not None:
@@ -313,7 +313,7 @@ class ProxyService:
         for rec in call.records:
             rec.backend_id = lease.backend_id
             rec.policy_version = lease.served_version
-        call.crossed_swap = lambda: self._pool.crossed_swap(lease)
+        call.swap_doubt = lambda: self._pool.swap_doubt(lease)
 
     async def _record_failure(self, call: _Call, reason: str) -> None:
         try:

@@ -144,3 +144,25 @@ async def test_a_refused_probe_marks_at_once_a_slow_one_after_three_in_a_row():
         statuses.update({"http://b1": 200, "http://b2": 200})
         await probe_all(pool, http, strikes)
         assert all(b.reachable for b in pool.backends())
+
+
+async def test_a_swap_or_a_lost_registry_connection_during_a_lease_is_a_doubt():
+    pool = pool_of(backend(1))
+    pool.follow(connected=True)
+    async with pool.lease(MODEL) as lease:
+        assert pool.swap_doubt(lease) is None
+        pool.backends()[0].swap_epoch += 1  # a swap paused the backend meanwhile
+        assert "crossed a weight swap" in pool.swap_doubt(lease)
+    async with pool.lease(MODEL) as lease:
+        pool.follow(connected=False)
+        assert "not following" in pool.swap_doubt(lease)
+        pool.follow(connected=True)  # back, but what happened in between is unknown
+        assert "not following" in pool.swap_doubt(lease)
+    async with pool.lease(MODEL) as lease:
+        assert pool.swap_doubt(lease) is None
+
+
+async def test_a_pool_that_never_followed_the_registry_vouches_for_nothing():
+    pool = pool_of(backend(1))
+    async with pool.lease(MODEL) as lease:
+        assert "not following" in pool.swap_doubt(lease)
