@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
@@ -229,3 +230,29 @@ def test_stale_completions_are_skipped_with_a_recorded_reason(env):
     }
     assert rows[fresh[1]] == (True, None)
     assert rows[stale_completion][0] is False and "stale" in rows[stale_completion][1]
+
+
+def test_a_restarted_trainer_keeps_its_adamw_moments(env):
+    """The optimizer state reached by the last committed version is restored on restart, so the
+    next update continues the same AdamW trajectory; a state of another version is not used."""
+    drain_queue(env)
+    env.episode(1.0)
+    env.episode(0.0)
+    first = env.trainer()
+    assert first.step() is not None
+    trained = first.optimizer.state_dict()
+    first.close()
+    second = env.trainer()
+    restored = second.optimizer.state_dict()
+    second.close()
+    assert restored["state"].keys() == trained["state"].keys() and trained["state"]
+    for key, moments in trained["state"].items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(restored["state"][key][name], moments[name]), (key, name)
+
+    saved = torch.load(second.optimizer_path, weights_only=True)
+    saved["version"] -= 1  # as if the trainer stopped between a commit and its save
+    torch.save(saved, second.optimizer_path)
+    third = env.trainer()
+    third.close()
+    assert third.optimizer.state_dict()["state"] == {}

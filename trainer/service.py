@@ -27,6 +27,7 @@ from rlgw.trajectory import load_trajectory
 
 from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclaim
 from .config import TrainerConfig
+from .optimizer_state import restore_optimizer, save_optimizer, state_path
 from .parity import reference_scores
 from .samples import build_samples
 from .swap.coordinator import SwapCoordinator, SwapPlan, SwapReport
@@ -94,6 +95,8 @@ class OnlineTrainer:
             betas=config.betas,
             weight_decay=config.weight_decay,
         )
+        self.optimizer_path = state_path(settings.home, model_name)
+        self.log(f"[train] {restore_optimizer(self.optimizer, self.optimizer_path, self.version)}")
         self.coordinator = SwapCoordinator(
             engine,
             drain_timeout_s=settings.drain_timeout_s,
@@ -191,6 +194,7 @@ class OnlineTrainer:
         path = version_file(self.settings.home, self.model_name, new_version, kind)
         metrics["bytes"] = write_update(update_tensors, path)
         self._commit(new_version, kind, path, metrics, samples, skips, claim.session_ids)
+        save_optimizer(self.optimizer, self.optimizer_path, new_version)
         _maybe_crash("crash-after-commit")
 
         plan = SwapPlan(
