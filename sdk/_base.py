@@ -76,12 +76,14 @@ def create_call(
     task_id: str | None,
     metadata: Mapping[str, Any] | None,
     train: bool,
+    sibling_normalization: str | None = None,
 ) -> Call:
     fields = {
         "id": id,
         "group_id": group_id,
         "group_size": group_size,
         "normalization": normalization,
+        "sibling_normalization": sibling_normalization,
         "task_id": task_id,
         "metadata": dict(metadata) if metadata is not None else None,
     }

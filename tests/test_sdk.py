@@ -71,6 +71,12 @@ def test_session_flow_records_a_completion_rewards_it_once_per_key_and_closes(ga
     assert trajectory["return_raw"] == 1.0
 
 
+def test_sibling_normalization_is_set_at_creation(gateway):
+    session = gateway.create_session(sibling_normalization="none")
+    assert session.trajectory()["sibling_normalization"] == "none"
+    assert gateway.create_session().trajectory()["sibling_normalization"] == "mean_std"
+
+
 def test_reward_without_a_key_stores_one_reward_per_call(gateway):
     session = gateway.create_session()
     complete(session)
