@@ -21,7 +21,7 @@ from rlgw.db.migrate import upgrade
 from rlgw.db.models import Completion, RegisteredModel
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 from rlgw.registry import register_backend
-from trainer.parity import reference_scores, served_scores
+from trainer.parity import ProbeScores, reference_scores, served_scores
 from trainer.push import PushError, push
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
 from trainer.swap.vllm_control import VllmControl
@@ -75,6 +75,29 @@ class Stack:
         if all(r.outcome == "swapped" for r in reports):
             self.applied.append(delta)
         return reports
+
+    def next_version(
+        self, delta_path: Path, *, reference_new: ProbeScores, reference_old: ProbeScores
+    ) -> tuple[SwapCoordinator, SwapPlan]:
+        """A coordinator on the stack's database (dispose its engine after use) and a plan that
+        installs the delta at `delta_path` as the next version, checked against the references
+        given (the tests make them wrong on purpose)."""
+        engine = create_engine(self.db_url)
+        with Session(engine) as db:
+            model_id = db.scalar(
+                select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME)
+            )
+        plan = SwapPlan(
+            model_name=MODEL_NAME,
+            model_id=model_id,
+            parent_version=self.version(),
+            new_version=self.version() + 1,
+            kind="delta",
+            update_path=str(delta_path),
+            reference_new=reference_new,
+            reference_old=reference_old,
+        )
+        return SwapCoordinator(engine, drain_timeout_s=5, parity_tolerance=TOL), plan
 
     def reference(self, upto: int | None = None) -> torch.nn.Module:
         return reference_with(self.model_dir, *self.applied[:upto])
@@ -165,23 +188,11 @@ def test_corrupt_delta_is_refused_and_nothing_is_half_applied(stack, tmp_path, c
     with pytest.raises(PushError):  # the CLI path refuses it before recording a version
         push(stack.settings, stack.db_url, MODEL_NAME, delta=path)
 
-    engine = create_engine(stack.db_url)
-    with Session(engine) as db:
-        model_id = db.scalar(select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME))
     expected = reference_scores(stack.reference())
-    plan = SwapPlan(
-        model_name=MODEL_NAME,
-        model_id=model_id,
-        parent_version=version,
-        new_version=version + 1,
-        kind="delta",
-        update_path=str(path),
-        reference_new=expected,
-        reference_old=expected,
-    )
+    coordinator, plan = stack.next_version(path, reference_new=expected, reference_old=expected)
     checksums = [VllmControl(stack.http, url).rpc("rlgw_checksum") for url in stack.backends]
-    reports = SwapCoordinator(engine, drain_timeout_s=5, parity_tolerance=TOL).push(plan)
-    engine.dispose()
+    reports = coordinator.push(plan)
+    coordinator.engine.dispose()
     assert [r.outcome for r in reports] == ["refused", "refused"]  # the backends refused it
     # Bitwise untouched, not only within the parity tolerance.
     assert [
@@ -201,23 +212,11 @@ def test_failed_parity_rolls_back_and_says_why(stack, tmp_path):
     old = reference_scores(stack.reference())
     wrong = reference_scores(reference_with(stack.model_dir, random_delta(stack.model_dir, 7)))
     path = write_delta(random_delta(stack.model_dir, seed=8), tmp_path / "d.safetensors")
-    engine = create_engine(stack.db_url)
-    with Session(engine) as db:
-        model_id = db.scalar(select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME))
-    plan = SwapPlan(
-        model_name=MODEL_NAME,
-        model_id=model_id,
-        parent_version=version,
-        new_version=version + 1,
-        kind="delta",
-        update_path=str(path),
-        reference_new=wrong,
-        reference_old=old,
-    )  # parity cannot pass
-    coordinator = SwapCoordinator(engine, drain_timeout_s=5, parity_tolerance=TOL)
-    backend = coordinator.backends(model_id)[0]
+    # Parity cannot pass.
+    coordinator, plan = stack.next_version(path, reference_new=wrong, reference_old=old)
+    backend = coordinator.backends(plan.model_id)[0]
     report = coordinator.swap_backend(backend, plan)
-    engine.dispose()
+    coordinator.engine.dispose()
     assert report.outcome == "rolled_back" and "parity failed" in report.reason
     assert served_scores(stack.http, backend.url, MODEL_NAME).max_abs_diff(old) <= TOL
     with stack.admin() as admin:
@@ -236,24 +235,11 @@ def test_a_swap_that_cannot_verify_the_old_weights_leaves_the_backend_failed(sta
         for seed in (11, 12)
     )
     path = write_delta(random_delta(stack.model_dir, seed=13), tmp_path / "d.safetensors")
-    engine = create_engine(stack.db_url)
-    with Session(engine) as db:
-        model_id = db.scalar(select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME))
-    plan = SwapPlan(
-        model_name=MODEL_NAME,
-        model_id=model_id,
-        parent_version=version,
-        new_version=version + 1,
-        kind="delta",
-        update_path=str(path),
-        reference_new=wrong_new,
-        reference_old=wrong_old,
-    )
-    coordinator = SwapCoordinator(engine, drain_timeout_s=5, parity_tolerance=TOL)
-    backend, other = coordinator.backends(model_id)[:2]
+    coordinator, plan = stack.next_version(path, reference_new=wrong_new, reference_old=wrong_old)
+    backend, other = coordinator.backends(plan.model_id)[:2]
     checksum_before = VllmControl(stack.http, backend.url).rpc("rlgw_checksum")
     report = coordinator.swap_backend(backend, plan)
-    engine.dispose()
+    coordinator.engine.dispose()
     assert report.outcome == "failed" and "restored weights fail parity" in report.reason
     label = stack.http.get(f"{backend.url}/weight_info").json()["weight_version"]
     assert label == failed_label(version + 1)
@@ -330,8 +316,11 @@ def test_swap_under_load_stamps_every_token_with_the_version_that_made_it(stack,
     (streamed,) = [r for r in new if r.id == stream_ids[0]]
     if stream_errors:
         assert streamed.status == "incomplete" and not streamed.eligible
+    elif len(unpack_ids(streamed.output_token_ids)) < 1200:  # the drain timed out: vLLM aborted it
+        assert streamed.finish_reason == "abort" and not streamed.eligible, streamed.finish_reason
+        assert "not a normal finish" in streamed.eligibility_reason
     else:
-        assert streamed.status == "complete" and len(unpack_ids(streamed.output_token_ids)) == 1200
+        assert streamed.status == "complete"
         assert streamed.eligible or "crossed a weight swap" in streamed.eligibility_reason
     versions = {r.policy_version for r in new}
     assert versions == {stack.version() - 1, stack.version()}, versions
