@@ -1,6 +1,10 @@
 """Schemathesis against the gateway's own OpenAPI spec, in process (ASGI), on a real database and a
 fake vLLM upstream. Used by tests/test_fuzz.py (bounded) and tools/fuzz.py (longer runs).
 
+About half the generated cases (a boolean hypothesis draws with each case) have the `model` of
+their body replaced by the served one, so generated bodies get past the model lookup and reach the
+upstream, the recording and, for the Responses and Messages APIs, the translation of the reply.
+
 What counts as a failure: a 5xx, a traceback (or a Python file path) in any body, a response that
 is not JSON where JSON is served, or any change to rows that existed before the run (another
 tenant's session, completion, reward and key, the models and backends). The fuzzer sends the
@@ -10,6 +14,7 @@ tenant boundary itself is covered by tests/test_auth.py.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -21,6 +26,7 @@ from typing import Any
 import httpx
 import schemathesis
 from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.python import asgi as st_asgi
@@ -54,7 +60,10 @@ _WATCHED = {
 @dataclass
 class FuzzReport:
     operations: int = 0
+    fuzzed: list[str] = field(default_factory=list)  # "METHOD /path" of each operation fuzzed
     cases: int = 0
+    cases_by_operation: Counter = field(default_factory=Counter)
+    status_by_operation: dict[str, Counter] = field(default_factory=dict)
     by_status: Counter = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
     changed_rows: list[str] = field(default_factory=list)
@@ -71,6 +80,69 @@ class FuzzReport:
             "no_cases_possible": self.impossible,
             "seconds": round(self.seconds, 1),
         }
+
+
+FAKE_VOCAB_SIZE = 4096  # the stand-in's vocabulary: token ids 0..4095
+
+
+def _out_of_vocabulary(prompt: Any) -> int | None:
+    """The first token id of a prompt given as ids (a list, or a batch of one) that vLLM would
+    refuse as out of vocabulary."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if not isinstance(prompt, list):
+        return None
+    for token in prompt:
+        if type(token) is int and not 0 <= token < FAKE_VOCAB_SIZE:
+            return token
+    return None
+
+
+def _upstream() -> Callable[[httpx.Request], Any]:
+    """tests/fakes.py's vLLM stand-in, plus what a fuzzed call can also ask of a real vLLM:
+    `/tokenize` (Messages count_tokens), `n` choices (one per index, streamed or not), and vLLM's
+    400 for prompt token ids outside the vocabulary (vllm/renderers/base.py validate_token_ids:
+    negative or too large)."""
+    inner = vllm_like()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        try:
+            body = json.loads(request.content or b"{}")
+        except ValueError:
+            body = None
+        if request.url.path == "/tokenize" and request.method == "POST":
+            return httpx.Response(200, json={"count": 3, "tokens": [1, 2, 3], "max_model_len": 64})
+        bad_id = _out_of_vocabulary(body.get("prompt") if isinstance(body, dict) else None)
+        if bad_id is not None:
+            error = {
+                "message": f"Token id {bad_id} is out of vocabulary",
+                "type": "BadRequestError",
+                "param": "prompt",
+                "code": 400,
+            }
+            return httpx.Response(400, json={"error": error})
+        response = await inner(request)
+        n = body.get("n") if isinstance(body, dict) else None
+        if response.status_code != 200 or type(n) is not int or n <= 1:
+            return response
+        if "text/event-stream" in response.headers.get("content-type", ""):
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+            out = []
+            for line in lines:
+                chunk = json.loads(line[len("data: ") :])
+                for i in range(n):
+                    one = {**chunk, "choices": [{**c, "index": i} for c in chunk["choices"]]}
+                    out.append(b"data: " + json.dumps(one).encode() + b"\n\n")
+            return httpx.Response(
+                200,
+                headers={"content-type": "text/event-stream"},
+                content=b"".join([*out, b"data: [DONE]\n\n"]),
+            )
+        reply = response.json()
+        reply["choices"] = [{**reply["choices"][0], "index": i} for i in range(n)]
+        return httpx.Response(200, json=reply)
+
+    return handler
 
 
 def _snapshot(url: str) -> dict[str, set[tuple]]:
@@ -125,7 +197,7 @@ def run_fuzz(
             max_concurrency_per_key=0,
             max_body_bytes=256 * 1024,
         ),
-        upstream_transport=httpx.MockTransport(vllm_like()),
+        upstream_transport=httpx.MockTransport(_upstream()),
     )
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     creds = _seed(url, app)
@@ -137,6 +209,7 @@ def run_fuzz(
         if (operation.method.upper(), operation.path) in SKIPPED:
             continue
         report.operations += 1
+        report.fuzzed.append(f"{operation.method.upper()} {operation.path}")
         for mode in modes:
             _fuzz_operation(operation, mode, headers, max_examples, seed_value, report)
         if log:
@@ -150,6 +223,15 @@ def run_fuzz(
     return report
 
 
+def _pin_model(case: Any) -> None:
+    """Name the served model in a body that names one as a string: a generated name is never
+    served (404 before the backend is asked), so without this no generated call would reach the
+    upstream, the recording or the translation of a reply back (Responses, Messages)."""
+    body = case.body
+    if isinstance(body, dict) and isinstance(body.get("model"), str):
+        case.body = {**body, "model": FAKE_MODEL}
+
+
 def _fuzz_operation(
     operation: Any,
     mode: GenerationMode,
@@ -158,7 +240,8 @@ def _fuzz_operation(
     seed_value: int,
     report: FuzzReport,
 ) -> None:
-    label = f"{operation.method.upper()} {operation.path} [{mode.value}]"
+    name = f"{operation.method.upper()} {operation.path}"
+    label = f"{name} [{mode.value}]"
 
     @seed(seed_value)
     @settings(
@@ -167,9 +250,12 @@ def _fuzz_operation(
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(case=operation.as_strategy(generation_mode=mode))
-    def fuzz(case: Any) -> None:
+    @given(case=operation.as_strategy(generation_mode=mode), pin=st.booleans())
+    def fuzz(case: Any, pin: bool) -> None:
         report.cases += 1
+        report.cases_by_operation[name] += 1
+        if pin:
+            _pin_model(case)
         try:
             response = case.call(headers=headers, timeout=30)
         except Exception as exc:  # the app raised through the transport: a failure too
@@ -177,6 +263,7 @@ def _fuzz_operation(
             return
         status = response.status_code
         report.by_status[status] += 1
+        report.status_by_operation.setdefault(name, Counter())[status] += 1
         body = response.content.decode("utf-8", errors="replace")
         if status >= 500:
             report.failures.append(f"{label}: HTTP {status} for {case.as_curl_command()}")

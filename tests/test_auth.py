@@ -211,6 +211,87 @@ def test_another_tenants_session_is_missing_for_every_operation(alice, bob, gw):
     assert detail["rewards"] == []
 
 
+def count_completions(db_url: str, session_id: str | None = None) -> int:
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        if session_id is None:
+            count = conn.execute(text("SELECT count(*) FROM completions")).scalar_one()
+        else:
+            count = conn.execute(
+                text("SELECT count(*) FROM completions WHERE session_id = :s"), {"s": session_id}
+            ).scalar_one()
+    engine.dispose()
+    return count
+
+
+def test_another_tenants_session_is_missing_on_the_responses_and_messages_apis(
+    alice, bob, gw, db_url
+):
+    """The Responses and Messages APIs answer for another tenant's session exactly as chat does
+    (404 session_not_found, in the envelope of their own API), on the per-session base URL and
+    with X-Session-Id, streamed or not, and record nothing anywhere."""
+    owned = new_session(alice)["id"]
+    done = complete_in(alice, owned)
+    total = count_completions(db_url)
+    responses = {"model": FAKE_MODEL, "input": "hi", "max_output_tokens": 4}
+    messages = {
+        "model": FAKE_MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    bobs_key = bob.headers["Authorization"].removeprefix("Bearer ")
+    in_header = {"X-Session-Id": owned}
+
+    openai_replies = [
+        bob.post(f"/sessions/{owned}/v1/responses", json=responses),
+        bob.post(f"/sessions/{owned}/v1/responses", json={**responses, "stream": True}),
+        bob.post("/v1/responses", json=responses, headers=in_header),
+        bob.post("/v1/responses", json={**responses, "stream": True}, headers=in_header),
+    ]
+    for reply in openai_replies:
+        assert reply.status_code == 404, reply.text
+        assert reply.headers["content-type"].startswith("application/json")
+        assert reply.json() == {
+            "error": {
+                "message": f"no session {owned}",
+                "type": "not_found_error",
+                "param": None,
+                "code": "session_not_found",
+            }
+        }
+
+    with httpx.Client(base_url=gw, timeout=30, headers={"x-api-key": bobs_key}) as bob_x_api_key:
+        anthropic_replies = [
+            bob.post(f"/sessions/{owned}/v1/messages", json=messages),
+            bob.post(f"/sessions/{owned}/v1/messages", json={**messages, "stream": True}),
+            bob.post("/v1/messages", json=messages, headers=in_header),
+            bob.post("/v1/messages", json={**messages, "stream": True}, headers=in_header),
+            # The Messages API's own header for the key: the same answer.
+            bob_x_api_key.post(f"/sessions/{owned}/v1/messages", json=messages),
+            bob_x_api_key.post("/v1/messages", json=messages, headers=in_header),
+        ]
+    for reply in anthropic_replies:
+        assert reply.status_code == 404, reply.text
+        assert reply.headers["content-type"].startswith("application/json")
+        assert reply.json() == {
+            "type": "error",
+            "error": {"type": "not_found_error", "message": f"no session {owned}"},
+        }
+
+    # A session that does not exist is created on first use by the same calls: bob's own key
+    # works on these routes, only alice's session is out of reach.
+    mine = f"bob-own-{time.time_ns()}"
+    assert bob.post(f"/sessions/{mine}/v1/responses", json=responses).status_code == 200
+    assert bob.post(f"/sessions/{mine}/v1/messages", json=messages).status_code == 200
+    assert count_completions(db_url, mine) == 2
+    # Nothing was recorded in alice's session, nor anywhere else for the refused calls.
+    assert count_completions(db_url, owned) == 1
+    assert count_completions(db_url) == total + 2
+    detail = alice.get(f"/v1/sessions/{owned}").json()
+    assert detail["status"] == "open"
+    assert [c["id"] for c in detail["completions"]] == [done["id"]]
+
+
 def test_sessions_take_the_tenant_of_their_key(alice, db_url):
     explicit = new_session(alice)["id"]
     first_use = "first-use-" + str(time.time_ns())

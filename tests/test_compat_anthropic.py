@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from auth_helpers import as_key, auth_gateway, mint_key
+from compat_helpers import assert_token_exact
 from conftest import ADMIN_KEY, MODEL_NAME, fetch_record
 from fakes import FAKE_MODEL, fake_backend_database
 
@@ -92,7 +93,9 @@ def assert_recorded(record: dict, message) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_text_matches_vllm_direct_and_is_recorded(gw, direct, admin_http, tokenizer, stream):
+def test_text_matches_vllm_direct_and_is_recorded(
+    gw, direct, vllm_url, admin_http, tokenizer, stream
+):
     ask = {"max_tokens": 8, "system": "Answer in one word.", "messages": QUESTION}
     via, want = create(gw, stream, **ask), create(direct, False, **ask)
     assert [b.model_dump() for b in via.content] == [b.model_dump() for b in want.content]
@@ -114,6 +117,13 @@ def test_text_matches_vllm_direct_and_is_recorded(gw, direct, admin_http, tokeni
         via.content[0].text
     )
     assert record["request"]["messages"] == QUESTION and record["stream"] is stream
+    # Token-exact: vLLM's chat API, given the stored translated request, greedy, produces exactly
+    # the stored output token ids and log-probs (not only the same decoded text).
+    assert record["backend_request"]["messages"] == messages
+    assert record["backend_request"]["max_tokens"] == 8
+    replayed = assert_token_exact(record, vllm_url)["choices"][0]
+    assert record["finish_reason"] == replayed["finish_reason"]
+    assert replayed["message"]["content"] == via.content[0].text
 
 
 CONVERSATIONS = {
@@ -163,10 +173,7 @@ def test_forced_tool_use_is_translated_and_recorded(gw, vllm_url, admin_http):
     record = fetch_record(admin_http, message.id)
     assert_recorded(record, message)
     # Exactly what vLLM's chat API produces for the translated request, token for token.
-    backend = dict(record["backend_request"], return_token_ids=True, logprobs=True)
-    want = httpx.post(f"{vllm_url}/v1/chat/completions", json=backend, timeout=120).json()
-    assert record["prompt_token_ids"] == want["prompt_token_ids"]
-    assert record["output_token_ids"] == want["choices"][0]["token_ids"]
+    want = assert_token_exact(record, vllm_url)
     (call,) = want["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == block.name
     assert json.loads(call["function"]["arguments"]) == block.input

@@ -8,7 +8,7 @@ import numpy as np
 import openai
 import pytest
 
-from compat_helpers import NO_WHITESPACE
+from compat_helpers import NO_WHITESPACE, assert_token_exact
 from conftest import MODEL_NAME, fetch_record
 
 FUNCTION_TOOLS = [
@@ -73,7 +73,9 @@ def assert_recorded(record: dict, response, tokenizer) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_text_matches_vllm_direct_and_is_recorded(gw, direct, admin_http, tokenizer, stream):
+def test_text_matches_vllm_direct_and_is_recorded(
+    gw, direct, vllm_url, admin_http, tokenizer, stream
+):
     ask = {"input": "Name a colour.", "instructions": INSTRUCTIONS, "max_output_tokens": 8}
     via, events = create(gw, stream, temperature=0, **ask)
     want, _ = create(direct, False, temperature=0, **ask)
@@ -98,6 +100,13 @@ def test_text_matches_vllm_direct_and_is_recorded(gw, direct, admin_http, tokeni
         via.output_text
     )
     assert {k: record["request"][k] for k in ask} == ask  # the client's own body
+    # Token-exact: vLLM's chat API, given the stored translated request, greedy, produces exactly
+    # the stored output token ids and log-probs (not only the same decoded text).
+    assert record["backend_request"]["messages"] == messages
+    assert record["backend_request"]["max_tokens"] == 8
+    replayed = assert_token_exact(record, vllm_url)["choices"][0]
+    assert record["finish_reason"] == replayed["finish_reason"]
+    assert replayed["message"]["content"] == via.output_text
     if stream:
         kinds = [e.type for e in events]
         assert kinds[:4] == [
@@ -138,11 +147,7 @@ def test_function_call_is_translated_and_recorded(gw, vllm_url, admin_http, toke
     assert_recorded(record, via, tokenizer)
     assert record["finish_reason"] in ("tool_calls", "stop")
     # Exactly what vLLM's chat API produces for the translated request, token for token.
-    backend = dict(record["backend_request"], return_token_ids=True, logprobs=True)
-    backend.pop("stream", None), backend.pop("stream_options", None)
-    want = httpx.post(f"{vllm_url}/v1/chat/completions", json=backend, timeout=120).json()
-    assert record["prompt_token_ids"] == want["prompt_token_ids"]
-    assert record["output_token_ids"] == want["choices"][0]["token_ids"]
+    assert_token_exact(record, vllm_url)
     if stream:
         kinds = [e.type for e in events]
         assert "response.function_call_arguments.delta" in kinds

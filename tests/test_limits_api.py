@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from auth_helpers import CHAT, as_key, auth_gateway, mint_key
 from conftest import ADMIN_KEY
@@ -55,6 +56,91 @@ def test_max_tokens_and_n_caps(db_url):
                 assert c.post(path, json={**body, "max_tokens": bad}).status_code == 400
             reply = c.post(path, json={**body, "n": 17})  # RLGW_MAX_N (16)
             assert reply.status_code == 400 and reply.json()["error"]["code"] == "n_too_large"
+
+
+def completions_of(db_url: str, tenant: str) -> int:
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        count = conn.execute(
+            text(
+                "SELECT count(*) FROM completions c JOIN sessions s ON s.id = c.session_id"
+                " WHERE s.tenant = :t"
+            ),
+            {"t": tenant},
+        ).scalar_one()
+    engine.dispose()
+    return count
+
+
+def test_token_caps_of_the_responses_and_messages_apis(db_url):
+    """max_output_tokens (Responses) and max_tokens (Messages) are held to RLGW_MAX_TOKENS_CAP,
+    refused with a 400 in the envelope of each API, on both base URLs, before anything is
+    recorded. Neither API has `n`: an `n` there is ignored (one output, one record), never a
+    way past RLGW_MAX_N."""
+    responses = {"model": FAKE_MODEL, "input": "hi"}
+    messages = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    with auth_gateway(db_url, max_tokens_cap=64) as gw, as_key(gw, key_for(gw, "caps")) as c:
+        sid = c.post("/v1/sessions", json={}).json()["id"]
+        before = completions_of(db_url, "caps")
+        for path in ("/v1/responses", f"/sessions/{sid}/v1/responses"):
+            for stream in (False, True):
+                body = {**responses, "max_output_tokens": 65, "stream": stream}
+                reply = c.post(path, json=body)
+                assert reply.status_code == 400, reply.text
+                assert reply.json() == {
+                    "error": {
+                        "message": "max_output_tokens 65 exceeds this gateway's cap of 64 "
+                        "(RLGW_MAX_TOKENS_CAP)",
+                        "type": "invalid_request_error",
+                        "param": "max_output_tokens",
+                        "code": "max_tokens_too_large",
+                    }
+                }
+            for bad in (0, -1, "64", 1.5, 10**30):
+                reply = c.post(path, json={**responses, "max_output_tokens": bad})
+                assert reply.status_code == 400, reply.text
+                assert reply.json()["error"]["type"] == "invalid_request_error"
+        for path in ("/v1/messages", f"/sessions/{sid}/v1/messages"):
+            for stream in (False, True):
+                reply = c.post(path, json={**messages, "max_tokens": 65, "stream": stream})
+                assert reply.status_code == 400, reply.text
+                assert reply.json() == {
+                    "type": "error",
+                    "error": {
+                        "type": "invalid_request_error",
+                        "message": "max_tokens 65 exceeds this gateway's cap of 64 "
+                        "(RLGW_MAX_TOKENS_CAP)",
+                    },
+                }
+            for bad in (0, -1, "64", 1.5, 10**30):
+                reply = c.post(path, json={**messages, "max_tokens": bad})
+                assert reply.status_code == 400, reply.text
+                body = reply.json()
+                assert body["type"] == "error", body
+                assert body["error"]["type"] == "invalid_request_error"
+        assert completions_of(db_url, "caps") == before  # nothing refused was recorded
+        assert c.get(f"/v1/sessions/{sid}").json()["completions"] == []
+
+        # At the cap: served and recorded.
+        reply = c.post("/v1/responses", json={**responses, "max_output_tokens": 64})
+        assert reply.status_code == 200, reply.text
+        reply = c.post("/v1/messages", json={**messages, "max_tokens": 64})
+        assert reply.status_code == 200, reply.text
+        assert completions_of(db_url, "caps") == before + 2
+        # `n` above RLGW_MAX_N (16): not part of either API, so not passed to the backend.
+        for path, body in (
+            (f"/sessions/{sid}/v1/responses", {**responses, "max_output_tokens": 4, "n": 17}),
+            (f"/sessions/{sid}/v1/messages", {**messages, "max_tokens": 4, "n": 17}),
+        ):
+            assert c.post(path, json=body).status_code == 200
+        recorded = c.get(f"/v1/sessions/{sid}").json()["completions"]
+        assert len(recorded) == 2
+        with httpx.Client(base_url=gw, timeout=30, headers={"X-Admin-Key": ADMIN_KEY}) as admin:
+            for completion in recorded:
+                record = admin.get(f"/admin/completions/{completion['id']}").json()
+                assert record["request"]["n"] == 17  # the client's body, as sent
+                assert "n" not in record["backend_request"]  # what the backend was asked
+                assert record["sibling_group"] is None
 
 
 def test_rate_limit_per_key_answers_429_with_retry_after(db_url):

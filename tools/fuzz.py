@@ -63,6 +63,13 @@ def main() -> int:
             for name in created:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     summary = {**report.summary(), "examples": args.examples, "seed": args.seed}
+    summary["by_operation"] = {
+        name: {
+            "cases": report.cases_by_operation[name],
+            "by_status": dict(sorted(report.status_by_operation.get(name, {}).items())),
+        }
+        for name in report.fuzzed
+    }
     summary["failure_samples"] = report.failures[:20]
     summary["changed_row_samples"] = report.changed_rows[:20]
     print(json.dumps(summary, indent=2))
