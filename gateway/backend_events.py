@@ -16,6 +16,8 @@ from .routing import BackendPool
 log = logging.getLogger("rlgw.backend_events")
 
 LISTENER_NAME = "rlgw-registry-listener"
+# Short: while disconnected, the completions this process records are excluded from training.
+MAX_BACKOFF_S = 2.0
 
 
 async def follow_registry(
@@ -59,4 +61,4 @@ async def follow_registry(
             pool.follow(connected=False)
             log.warning("registry listener lost its connection (%s); reconnecting", exc)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)

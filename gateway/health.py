@@ -64,11 +64,14 @@ async def healthz(request: Request, ctx: ContextDep) -> JSONResponse:
         for b, err in zip(views, backend_errors, strict=True)
     ]
     serving = any(b["reachable"] and b["state"] == "active" for b in backends)
-    status = "ok" if db_error is None and serving else ("degraded" if db_error is None else "down")
+    # Not following the registry: calls are served but recorded as not trainable (swap_doubt).
+    healthy = serving and ctx.pool.following
+    status = "ok" if db_error is None and healthy else ("degraded" if db_error is None else "down")
     body = {
         "status": status,
         "process": os.getpid(),  # tells the replicas of `rlgw serve --workers N` apart
         "database": {"ok": db_error is None, "error": db_error},
+        "registry": {"following": ctx.pool.following},
         "recorder": {
             "backlog": ctx.recorder.backlog,
             "written": ctx.recorder.written,

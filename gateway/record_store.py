@@ -11,9 +11,10 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from rlgw.db.models import AgentSession, Completion
+from rlgw.db.models import AgentSession, Backend, Completion
 
 from .lineage_store import link_into_session
+from .routing import CROSSED_SWAP
 
 if TYPE_CHECKING:
     from .recording import CompletionRecord
@@ -45,8 +46,31 @@ async def store_batch(
             await _lock_sessions(conn, {r.session_id for r in records if not r.implicit_session})
             stored = await _already_stored(conn, groups)
             records = [r for r in records if r.id not in stored]
+        await _settle_swap_doubts(conn, records)
         await _link_named(conn, records)
         await _insert(conn, records, sessions_inserted=settle_first)
+
+
+async def _settle_swap_doubts(conn: AsyncConnection, records: list[CompletionRecord]) -> None:
+    """Records that finished while the gateway was not following the registry: every pause bumps
+    its backend's epoch first, so an epoch still equal to the lease's means no swap touched the
+    request; a changed one counts as crossed (even when the swap began after the request ended:
+    never a guessed label)."""
+    unverified = [r for r in records if r.swap_unverified]
+    if not unverified:
+        return
+    epochs = dict(
+        (
+            await conn.execute(
+                select(Backend.id, Backend.swap_epoch).where(
+                    Backend.id.in_({r.backend_id for r in unverified})
+                )
+            )
+        ).all()
+    )
+    for r in unverified:
+        r.swap_unverified = False
+        r.exclusion_reason = None if epochs.get(r.backend_id) == r.lease_epoch else CROSSED_SWAP
 
 
 def _implicit_session(r: CompletionRecord) -> dict[str, Any]:

@@ -19,6 +19,12 @@ from .errors import APIError
 log = logging.getLogger("rlgw.routing")
 
 ACTIVE = "active"
+# Why a completion's tokens may not all come from its stamped version (`BackendPool.swap_doubt`).
+CROSSED_SWAP = "the request crossed a weight swap of its backend"
+NOT_FOLLOWING = (
+    "the gateway was not following backend swaps when the request finished (registry "
+    "connection lost): a swap cannot be ruled out"
+)
 RETRY_AFTER_S = 5
 
 
@@ -58,7 +64,6 @@ class Lease:
     url: str
     served_version: int
     swap_epoch: int
-    following: int  # the pool's `following` generation when the lease began (0: not following)
 
 
 @dataclass
@@ -67,10 +72,10 @@ class BackendPool:
 
     sessions: async_sessionmaker
     hold_timeout_s: float = 30.0
-    # Which connection of the registry listener this pool follows swaps through: 0 while it has
-    # none; a new number after each (re)connection, since a swap may have gone unseen between.
-    following: int = 0
-    _connections: int = 0
+    # Whether the registry listener is connected now. Epochs are exact while it is (NOTIFY), and
+    # again once it has reconnected (it re-reads the registry before saying so): every pause
+    # bumps its backend's epoch, so an unchanged epoch means no swap happened in between.
+    following: bool = False
     _by_id: dict[int, BackendView] = field(default_factory=dict)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
@@ -155,7 +160,7 @@ class BackendPool:
         view.in_flight += 1
         try:
             assert view.served_version is not None
-            yield Lease(view.id, view.url, view.served_version, view.swap_epoch, self.following)
+            yield Lease(view.id, view.url, view.served_version, view.swap_epoch)
         finally:
             view.in_flight -= 1
 
@@ -176,24 +181,17 @@ class BackendPool:
             ) from None
 
     def follow(self, connected: bool) -> None:
-        """The registry listener (re)connected, or lost its connection."""
-        self._connections += 1
-        self.following = self._connections if connected else 0
+        """The registry listener (re)connected (after re-reading the registry), or lost it."""
+        self.following = connected
 
     def swap_doubt(self, lease: Lease) -> str | None:
-        """Why the tokens of a request on `lease` may not all come from its stamped version:
-        its backend entered a swap (was paused) since the lease began, or this process was not
-        following the registry throughout (a swap it did not hear of cannot be ruled out).
-        None when neither."""
+        """Why the tokens of a request on `lease`, finishing now, may not all come from its
+        stamped version: its backend entered a swap (was paused) since the lease began, or this
+        process cannot tell, its registry listener being disconnected now. None when neither."""
         view = self._by_id.get(lease.backend_id)
         if view is None or view.swap_epoch != lease.swap_epoch:
-            return "the request crossed a weight swap of its backend"
-        if not lease.following or lease.following != self.following:
-            return (
-                "the gateway was not following backend swaps throughout the request (registry "
-                "connection lost): a swap cannot be ruled out"
-            )
-        return None
+            return CROSSED_SWAP
+        return None if self.following else NOT_FOLLOWING
 
 
 def _unavailable(message: str) -> APIError:

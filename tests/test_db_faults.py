@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 from gateway.main import create_app
 from gateway.recording import DOUBTFUL_REASON
+from gateway.routing import CROSSED_SWAP
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
 from rlgw.embedded_pg import to_libpq_uri
@@ -55,10 +56,16 @@ class Gateway:
         )
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
+        """Until the database answers and the registry is followed again (before that, calls
+        are recorded as not trainable: a swap could not be ruled out)."""
         deadline = time.monotonic() + timeout_s
-        while (reply := self.admin.get("/healthz")).status_code != 200:
+        while not _recovered(reply := self.admin.get("/healthz")):
             assert time.monotonic() < deadline, f"the gateway did not recover: {reply.text}"
             time.sleep(0.1)
+
+
+def _recovered(health: httpx.Response) -> bool:
+    return health.status_code == 200 and health.json()["registry"]["following"]
 
 
 @contextmanager
@@ -337,6 +344,26 @@ def test_an_outage_shorter_than_the_retry_time_is_ridden_out(
     assert record is not None and record["status"] == "complete" and record["eligible"]
     assert record["stream"] is stream
     assert db.execute("SELECT count(*) FROM completions").fetchone()[0] == count_before + 1
+
+
+def test_a_swap_during_the_outage_excludes_the_calls_that_finished_blind(
+    patient: Gateway, proxy: PgFaultProxy, db: psycopg.Connection
+) -> None:
+    """A call that finishes while the gateway cannot follow the registry is settled when its
+    record is written: its backend's epoch moved (a swap the gateway could not hear of: here a
+    bump made directly in the database), so it is stored but never trained on."""
+    retries_before = patient.recorder.retries
+    proxy.outage()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(lambda: _chat(patient.client()).id)
+        _wait_until(lambda: patient.recorder.retries > retries_before or pending.done())
+        assert not pending.done()  # it finished generating; its record waits for the database
+        db.execute("UPDATE backends SET swap_epoch = swap_epoch + 1")
+        proxy.resume()
+        completion_id = pending.result(timeout=120)
+    record = _record(patient, completion_id)
+    assert record["status"] == "complete" and record["eligible"] is False
+    assert record["eligibility_reason"] == CROSSED_SWAP
 
 
 def test_the_queue_stays_bounded_while_records_wait(patient: Gateway, proxy: PgFaultProxy) -> None:

@@ -441,9 +441,10 @@ def test_a_replica_rereads_the_registry_after_losing_its_connection(stack):
     _wait_for(lambda: _replica_state(stack, backend_id) == "active", timeout_s=5.0)
 
 
-def test_a_request_spanning_a_lost_registry_connection_is_not_trained_on(stack):
-    """While its listener is reconnecting, a gateway cannot rule out a swap it did not hear of:
-    a request that was in flight then is recorded but excluded; the next one is eligible."""
+def test_a_swap_missed_while_the_registry_connection_was_lost_excludes_the_request(stack):
+    """A swap this gateway did not hear of (its listener was away; here the epochs are bumped
+    without a NOTIFY) is found in the registry, by the re-read after reconnecting or by the
+    record's write: a request in flight across it is recorded but excluded."""
     client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
     stream = client.chat.completions.create(
         model=MODEL_NAME,
@@ -455,6 +456,7 @@ def test_a_request_spanning_a_lost_registry_connection_is_not_trained_on(stack):
     first = next(iter(stream))
     engine = create_engine(stack.db_url)
     with engine.begin() as conn:
+        conn.execute(text("UPDATE backends SET swap_epoch = swap_epoch + 1"))
         conn.execute(
             text(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -465,12 +467,15 @@ def test_a_request_spanning_a_lost_registry_connection_is_not_trained_on(stack):
     engine.dispose()
     for _ in stream:
         pass
-    time.sleep(1.0)  # the listener reconnects (backoff 0.5 s) before the next request
-    after = chat(stack.gateway)
     with stack.admin() as admin:
+        deadline = time.monotonic() + 10
+        while not admin.get("/healthz").json()["registry"]["following"]:  # reconnected
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        after = chat(stack.gateway)
         spanning = admin.get(f"/admin/completions/{first.id}").json()
         fresh = admin.get(f"/admin/completions/{after.id}").json()
     assert spanning["status"] == "complete" and len(spanning["output_token_ids"]) == 200
     assert spanning["eligible"] is False
-    assert "not following backend swaps" in spanning["eligibility_reason"]
+    assert "crossed a weight swap" in spanning["eligibility_reason"]
     assert fresh["eligible"] is True, fresh["eligibility_reason"]

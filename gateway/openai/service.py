@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .. import lineage
 from ..errors import APIError
 from ..recording import CompletionRecord, Recorder
-from ..routing import BackendPool, Lease
+from ..routing import NOT_FOLLOWING, BackendPool, Lease
 from ..session_binding import implicit_session_id, open_session
 from .fastjson import FastJSONResponse, loads
 from .shaping import (
@@ -77,7 +77,9 @@ class _Call:
                 rec.status_reason = f"the backend's reply has no choice {index}"
             if doubt:
                 # Its tokens may come from two weight versions: never train on a guessed label.
+                # Not following: the recorder settles it against the registry when it writes.
                 rec.exclusion_reason = doubt
+                rec.swap_unverified = doubt == NOT_FOLLOWING
             rec.latency_ms = latency
             rec.finished_at = finished
             if rec.response is not None:
@@ -313,6 +315,7 @@ class ProxyService:
         for rec in call.records:
             rec.backend_id = lease.backend_id
             rec.policy_version = lease.served_version
+            rec.lease_epoch = lease.swap_epoch
         call.swap_doubt = lambda: self._pool.swap_doubt(lease)
 
     async def _record_failure(self, call: _Call, reason: str) -> None:
