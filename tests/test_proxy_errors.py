@@ -95,6 +95,14 @@ def test_echo_is_refused_rather_than_recorded_wrongly(http):
     assert_envelope(reply, 400)
 
 
+@pytest.mark.parametrize("prompt", [[58118975328190], [-1], [[2**31]]], ids=str)
+def test_token_ids_outside_int32_are_refused_before_the_backend(http, prompt):
+    """Ids no vocabulary has and no record can hold: a 400, never a 500 while recording."""
+    reply = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": prompt})
+    assert_envelope(reply, 400)
+    assert "prompt" in reply.json()["error"]["message"] + str(reply.json()["error"]["param"])
+
+
 def test_the_official_client_raises_bad_request(gateway_url):
     client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused")
     with pytest.raises(openai.BadRequestError):

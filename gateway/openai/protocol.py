@@ -3,9 +3,13 @@ through untouched to the backend, which accepts or refuses them as it would dire
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+# A token id as the backend and the record hold it (int32): larger ids are refused here, not
+# left to overflow the recorder.
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 class ChatMessage(BaseModel):
@@ -58,7 +62,7 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = None
 
