@@ -388,6 +388,17 @@ def test_a_backend_reporting_another_version_stays_out_of_routing(stack):
         assert admin.post(f"/admin/backends/{backend['id']}/resume").json()["state"] == "active"
 
 
+def _drop_registry_listeners(conn) -> None:
+    """Terminate every gateway's registry listener connection (they reconnect by themselves)."""
+    conn.execute(
+        text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'rlgw-registry-listener' "
+            "AND datname = current_database()"
+        )
+    )
+
+
 def _replica_state(stack: Stack, backend_id: int) -> str:
     with httpx.Client(base_url=stack.replica) as http:
         return {b["id"]: b["state"] for b in http.get("/healthz").json()["backends"]}[backend_id]
@@ -424,13 +435,7 @@ def test_a_replica_rereads_the_registry_after_losing_its_connection(stack):
         conn.execute(
             text("UPDATE backends SET state = 'draining' WHERE id = :id"), {"id": backend_id}
         )
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = 'rlgw-registry-listener' "
-                "AND datname = current_database()"
-            )
-        )
+        _drop_registry_listeners(conn)
     _wait_for(lambda: _replica_state(stack, backend_id) == "draining", timeout_s=10.0)
     with engine.begin() as conn:
         conn.execute(
@@ -457,13 +462,7 @@ def test_a_swap_missed_while_the_registry_connection_was_lost_excludes_the_reque
     engine = create_engine(stack.db_url)
     with engine.begin() as conn:
         conn.execute(text("UPDATE backends SET swap_epoch = swap_epoch + 1"))
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = 'rlgw-registry-listener' "
-                "AND datname = current_database()"
-            )
-        )
+        _drop_registry_listeners(conn)
     engine.dispose()
     for _ in stream:
         pass
