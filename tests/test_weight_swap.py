@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -36,9 +37,11 @@ from conftest import (
     start_vllm_servers,
     stop_vllm_servers,
 )
+from serve_process import serve_process
 from swap_helpers import output_logprobs, random_delta, reference_with, write_delta
 
 TOL = 1e-4
+ABORT_CHOICES = 16  # n of the stream a timed-out drain aborts: seconds of work for the tiny model
 
 
 class Stack:
@@ -118,14 +121,23 @@ def stack(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Stack]:
         )
     engine.dispose()
     settings = gateway_settings(db_url).model_copy(update={"backend_refresh_s": 60.0})
+    logs = tmp_path_factory.mktemp("gateway-logs")
+    # The gateway in a process of its own (as deployed): in this process, its event loop would
+    # share the GIL with the tests' traffic threads and torch, and hear NOTIFYs late.
+    gateway_env = {
+        "RLGW_ADMIN_KEY": ADMIN_KEY,
+        "RLGW_AUTH": "off",
+        "RLGW_BACKEND_REFRESH_S": "60",
+        "RLGW_HOME": str(tmp_path_factory.mktemp("gateway-home")),
+    }
     with (
-        LiveServer(create_app(settings), free_port()) as gw,
+        serve_process(db_url, log_path=logs / "gateway.log", **gateway_env) as gw,
         LiveServer(create_app(settings), free_port()) as replica,
     ):
         yield Stack(
             db_url,
             [url for _, url in servers],
-            gw.url,
+            gw,
             replica.url,
             tmp_path_factory.mktemp("home"),
             tiny_model_dir,
@@ -266,6 +278,54 @@ def test_a_swap_that_cannot_verify_the_old_weights_leaves_the_backend_failed(sta
     )
 
 
+def test_a_stream_aborted_by_a_timed_out_drain_is_recorded_incomplete(stack, tmp_path):
+    """The drain gives up at once: vLLM aborts the running stream at the pause and ends it like a
+    finished one (finish_reason abort); its record says incomplete, never complete."""
+    # A swap that changes nothing (a zero delta, to the same version), prepared before the
+    # stream starts, so that the stream is still running when its backend is drained.
+    zero = {k: torch.zeros_like(v) for k, v in random_delta(stack.model_dir, seed=0).items()}
+    current = reference_scores(stack.reference())
+    coordinator, plan = stack.next_version(
+        write_delta(zero, tmp_path / "zero.safetensors"),
+        reference_new=current,
+        reference_old=current,
+    )
+    coordinator.drain_timeout_s = 0.0  # give up on the running stream at once
+    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(  # 16 x 1,900 tokens: seconds, even for the tiny model
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Go on."}],
+        max_tokens=1900,
+        n=ABORT_CHOICES,
+        temperature=1.0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    first = next(iter(stream))
+    with stack.admin() as admin:  # the gateway's own count of requests it has on each backend
+        (busy,) = [b["id"] for b in admin.get("/admin/backends").json() if b["in_flight_here"]]
+    (serving,) = [b for b in coordinator.backends(plan.model_id) if b.id == busy]
+    report = coordinator.swap_backend(
+        serving, dataclasses.replace(plan, new_version=plan.parent_version)
+    )
+    coordinator.engine.dispose()
+    assert report.outcome == "swapped"
+    finish = {c.index: c.finish_reason for part in stream for c in part.choices if c.finish_reason}
+    assert "abort" in finish.values(), finish  # the client saw the abort
+    ids = [first.id] + [f"{first.id}-{i}" for i in range(1, ABORT_CHOICES)]
+    with stack.admin() as admin:
+        records = [admin.get(f"/admin/completions/{i}").json() for i in ids]
+    aborted = [r for r in records if r["finish_reason"] == "abort"]
+    assert aborted and all(len(r["output_token_ids"]) < 1900 for r in aborted)
+    for record in aborted:  # cut short by the pause: never recorded as complete
+        assert record["status"] == "incomplete" and "aborted" in record["status_reason"]
+        assert record["eligible"] is False
+    # The aborted request left no work behind on its backend.
+    for url in stack.backends:
+        waited = _wait_for(lambda u=url: VllmControl(stack.http, u).requests_in_flight() == 0, 60)
+        print(f"{url}: idle after {waited:.2f} s")
+
+
 def _traffic(base: str, stop: threading.Event, outcomes: list, **kwargs) -> None:
     while not stop.is_set():
         started = time.monotonic()
@@ -317,8 +377,8 @@ def test_swap_under_load_stamps_every_token_with_the_version_that_made_it(stack,
     if stream_errors:
         assert streamed.status == "incomplete" and not streamed.eligible
     elif len(unpack_ids(streamed.output_token_ids)) < 1200:  # the drain timed out: vLLM aborted it
-        assert streamed.finish_reason == "abort" and not streamed.eligible, streamed.finish_reason
-        assert "not a normal finish" in streamed.eligibility_reason
+        assert streamed.finish_reason == "abort" and streamed.status == "incomplete"
+        assert "aborted" in streamed.status_reason and not streamed.eligible
     else:
         assert streamed.status == "complete"
         assert streamed.eligible or "crossed a weight swap" in streamed.eligibility_reason

@@ -75,6 +75,11 @@ class _Call:
             if status == "complete" and index not in self.choices:
                 rec.status = "error"
                 rec.status_reason = f"the backend's reply has no choice {index}"
+            elif status == "complete" and rec.finish_reason == "abort":
+                # vLLM ends an aborted request (a swap's drain timed out, a stop) like a finished
+                # one: its output was cut, so the record must not look complete.
+                rec.status = "incomplete"
+                rec.status_reason = "the backend aborted the generation (finish_reason abort)"
             if doubt:
                 # Its tokens may come from two weight versions: never train on a guessed label.
                 # Not following: the recorder settles it against the registry when it writes.
