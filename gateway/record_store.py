@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from rlgw.db.models import AgentSession, Backend, Completion
 
 from .lineage_store import link_into_session
-from .routing import CROSSED_SWAP
+from .routing import CROSSED_SWAP, NOT_FOLLOWING
 
 if TYPE_CHECKING:
     from .recording import CompletionRecord
@@ -56,7 +56,7 @@ async def _settle_swap_doubts(conn: AsyncConnection, records: list[CompletionRec
     its backend's epoch first, so an epoch still equal to the lease's means no swap touched the
     request; a changed one counts as crossed (even when the swap began after the request ended:
     never a guessed label)."""
-    unverified = [r for r in records if r.swap_unverified]
+    unverified = [r for r in records if r.exclusion_reason == NOT_FOLLOWING]
     if not unverified:
         return
     epochs = dict(
@@ -69,7 +69,6 @@ async def _settle_swap_doubts(conn: AsyncConnection, records: list[CompletionRec
         ).all()
     )
     for r in unverified:
-        r.swap_unverified = False
         r.exclusion_reason = None if epochs.get(r.backend_id) == r.lease_epoch else CROSSED_SWAP
 
 

@@ -85,10 +85,10 @@ class CompletionRecord:
     # Why training must not use it although its evidence is complete (session closed meanwhile,
     # or the request crossed a weight swap).
     exclusion_reason: str | None = None
-    # The backend's swap epoch when the request was leased; `swap_unverified`: it finished while
-    # the gateway was not following the registry, so the write checks the epoch in the registry.
+    # The backend's swap epoch when the request was leased. A record excluded as NOT_FOLLOWING
+    # (finished while the gateway was not following the registry) is settled at its write by
+    # comparing it with the epoch in the registry.
     lease_epoch: int | None = None
-    swap_unverified: bool = False
 
     def row(self) -> dict[str, Any]:
         problem = (

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .. import lineage
 from ..errors import APIError
 from ..recording import CompletionRecord, Recorder
-from ..routing import NOT_FOLLOWING, BackendPool, Lease
+from ..routing import BackendPool, Lease
 from ..session_binding import implicit_session_id, open_session
 from .fastjson import FastJSONResponse, loads
 from .shaping import (
@@ -84,7 +84,6 @@ class _Call:
                 # Its tokens may come from two weight versions: never train on a guessed label.
                 # Not following: the recorder settles it against the registry when it writes.
                 rec.exclusion_reason = doubt
-                rec.swap_unverified = doubt == NOT_FOLLOWING
             rec.latency_ms = latency
             rec.finished_at = finished
             if rec.response is not None:
