@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlgw.demo import DemoOptions, plot_curves, run_demo  # noqa: E402
+from rlgw.cli.demo import DemoOptions, plot_curves, run_demo  # noqa: E402
 from rlgw.settings import Settings  # noqa: E402
 
 

@@ -211,6 +211,7 @@ def wait_healthy(
             if _probe(client, base_url):
                 print(
                     f"[backend] healthy at {base_url} after {time.monotonic() - start:.1f}s",
+                    file=sys.stderr,
                     flush=True,
                 )
                 return
@@ -218,7 +219,11 @@ def wait_healthy(
             if now - start > timeout_s:
                 raise _failure(f"vLLM at {base_url} not healthy after {timeout_s:.0f}s", log_path)
             if now >= next_report:
-                print(f"[backend] waiting for {base_url} ({now - start:.0f}s)", flush=True)
+                print(
+                    f"[backend] waiting for {base_url} ({now - start:.0f}s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 next_report = now + PROGRESS_EVERY_S
             time.sleep(poll_s)
 
@@ -268,7 +273,7 @@ def run_backend_foreground(
     Returns vLLM's exit code (128 + signal number when it was killed by a signal).
     """
     argv, env_add = backend_command(check_model_dir(model_dir), port, **command_kwargs)
-    print(f"[backend] {' '.join(argv)}", flush=True)
+    print(f"[backend] {' '.join(argv)}", file=sys.stderr, flush=True)
     proc = subprocess.Popen(argv, env={**os.environ, **env_add}, start_new_session=True)
     stopping = False
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ def start_embedded_postgres(home: Path, database: str = DATABASE_NAME) -> str:
 
     pgdata = (home / "pgdata").resolve()
     pgdata.mkdir(parents=True, exist_ok=True)
-    print(f"[rlgw] embedded Postgres at {pgdata}", flush=True)
+    print(f"[rlgw] embedded Postgres at {pgdata}", file=sys.stderr, flush=True)
     server = _servers.get(pgdata) or pgserver.get_server(pgdata, cleanup_mode="stop")
     _servers[pgdata] = server
     admin_uri = server.get_uri()

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rlgw.netguard import parse_allowlist
+
 DEFAULT_ADMIN_KEY = "change-me"
 DEFAULT_TOKEN_SECRET = "change-me-token-secret"
 # Networks a backend may live on when RLGW_BACKEND_ALLOWLIST is not set: this machine only.
@@ -190,8 +192,6 @@ class Settings(BaseSettings):
     @field_validator("backend_allowlist")
     @classmethod
     def _parse_allowlist(cls, value: str) -> str:
-        from rlgw.netguard import parse_allowlist
-
         parse_allowlist(value)  # raises ValueError on a malformed entry
         return value
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -16,10 +15,11 @@ import httpx
 import psycopg
 import pytest
 
+from rlgw.cli.serve import GatewayThread
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
 from rlgw.embedded_pg import to_libpq_uri, to_sqlalchemy_url
-from rlgw.serve import GatewayThread
+from rlgw.ports import free_port
 from rlgw.settings import Settings
 
 DEFAULT_TEST_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -28,12 +28,6 @@ MODEL_NAME = "tiny"
 # The state directory of test gateways (journals of doubtful commits land here), removed at exit.
 TEST_HOME = Path(tempfile.mkdtemp(prefix="rlgw-test-home-"))
 atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------- Postgres

@@ -1,4 +1,5 @@
-"""Runs the Alembic migrations in migrations/ against a database URL."""
+"""Runs the Alembic migrations in migrations/ against a database URL, and tells how far a
+database's schema is behind them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine
 
 import migrations
 
@@ -30,3 +34,18 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 def current(url: str) -> None:
     command.current(alembic_config(url), verbose=True)
+
+
+def head_revision() -> str:
+    """The newest revision in migrations/."""
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
+def current_revision(url: str) -> str | None:
+    """The database's revision; None for a database that has never been migrated."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()

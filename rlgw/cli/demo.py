@@ -10,6 +10,7 @@ async (default): agents keep generating while the trainer trains and swaps (ARea
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -24,9 +25,12 @@ from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
+from rlgw.ports import free_port
 from rlgw.registry import register_backend
-from rlgw.serve import GatewayThread
 from rlgw.settings import Settings
+
+from .output import info
+from .serve import GatewayThread
 
 
 @dataclass
@@ -53,15 +57,7 @@ class Curve:
 
     def add(self, t: float, version: int, reward: float) -> None:
         self.points.append({"t": round(t, 2), "version": version, "reward": round(reward, 4)})
-        print(f"[demo] t={t:6.1f}s  version {version:3d}  held-out reward {reward:.3f}", flush=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        info(f"[demo] t={t:6.1f}s  version {version:3d}  held-out reward {reward:.3f}")
 
 
 class DemoRun:
@@ -87,7 +83,7 @@ class DemoRun:
 
         path = self.settings.home / "models" / f"demo-seed{self.options.seed}"
         if not (path / "rlgw_model.json").exists() or not (path / "config.json").exists():
-            print(f"[demo] warm-starting the policy for seed {self.options.seed}", flush=True)
+            info(f"[demo] warm-starting the policy for seed {self.options.seed}")
             init_demo_model(path, seed=self.options.seed, overwrite=True)
         return path
 
@@ -175,9 +171,9 @@ class DemoRun:
         self.settings = self.settings.model_copy(update={"database_url": url})
         upgrade(url)
         model_dir = self.model_dir()
-        port = o.backend_port or _free_port()
+        port = o.backend_port or free_port()
         log = self.settings.home / "logs" / f"{self.model_name}.log"
-        print(f"[demo] {self.model_name}: starting vLLM (log: {log})", flush=True)
+        info(f"[demo] {self.model_name}: starting vLLM (log: {log})")
         backend = start_backend(model_dir, port, served_model_name=self.model_name, log_path=log)
         engine = make_sync_engine(url)
         try:
@@ -191,7 +187,7 @@ class DemoRun:
             batch = o.groups_per_update * o.group_size
             config = TrainerConfig(batch_sessions=batch, min_sessions=batch, lr=o.lr, seed=o.seed)
             app = create_app(self.gateway_settings())
-            with GatewayThread(app, o.gateway_port or _free_port()) as gateway:
+            with GatewayThread(app, o.gateway_port or free_port()) as gateway:
                 trainer = OnlineTrainer(self.settings, engine, self.model_name, config)
                 self.trainer = trainer
                 try:
@@ -341,3 +337,23 @@ def plot_curves(summaries: list[dict], path: Path) -> None:
 
 def run_demo(settings: Settings, options: DemoOptions) -> dict:
     return DemoRun(settings, options).run()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    options = DemoOptions(
+        seed=args.seed, minutes=args.minutes, sync=args.sync, out_dir=Path(args.out)
+    )
+    summary = run_demo(Settings(), options)
+    return 0 if summary["gain"] > 0 else 1
+
+
+def add_commands(add) -> None:
+    p = add("demo", cmd_demo, "Agents learn a task online through the gateway; plots the reward.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget")
+    p.add_argument(
+        "--sync",
+        action="store_true",
+        help="synchronous baseline: no generation while the trainer trains",
+    )
+    p.add_argument("--out", default="demo-results", help="where the JSON and PNG go")

@@ -1,8 +1,9 @@
-"""Running the gateway under uvicorn: in the foreground (one or several worker processes), or in a
-thread of this process."""
+"""`rlgw serve`: the gateway under uvicorn, in the foreground (one or several worker processes),
+or in a thread of this process (the demo and the tests)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import threading
@@ -11,16 +12,19 @@ from typing import Any
 
 import uvicorn
 
+from rlgw.database import resolve_database_url
+from rlgw.db.migrate import upgrade
 from rlgw.settings import Settings
+
+from .output import CommandError, info
 
 
 def run_gateway(settings: Settings, *, workers: int = 1) -> None:
     """Serve the gateway in the foreground; with `workers` > 1, as that many processes sharing
     the port (uvicorn's supervisor) and the database."""
-    print(
+    info(
         f"[rlgw] gateway on {settings.base_url}  (OpenAI base URL: {settings.base_url}/v1)"
-        + (f"  [{workers} worker processes]" if workers > 1 else ""),
-        flush=True,
+        + (f"  [{workers} worker processes]" if workers > 1 else "")
     )
     options: dict[str, Any] = dict(
         host=settings.host,
@@ -51,10 +55,9 @@ def worker_environment(settings: Settings) -> dict[str, str]:
     if settings.token_secret_unset:
         env["RLGW_TOKEN_SECRET"] = secrets.token_urlsafe(32)
         if settings.auth == "on":
-            print(
+            info(
                 "[rlgw] RLGW_TOKEN_SECRET is not set: the workers share a random secret of this "
-                "run; session tokens stop working when it restarts",
-                flush=True,
+                "run; session tokens stop working when it restarts"
             )
     return env
 
@@ -90,3 +93,31 @@ class GatewayThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings with the --host/--port a command was given."""
+    overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}
+    return Settings(**overrides)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise CommandError("--workers must be at least 1", code=2)
+    settings = settings_from(args)
+    url = resolve_database_url(settings)
+    upgrade(url)
+    run_gateway(settings.model_copy(update={"database_url": url}), workers=args.workers)
+    return 0
+
+
+def add_commands(add) -> None:
+    p = add("serve", cmd_serve, "Run the gateway against the configured database.")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway processes sharing the port and the database (default 1)",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
 import subprocess
 import sys
@@ -11,8 +12,11 @@ from rlgw.database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
 from rlgw.registry import register_backend
-from rlgw.serve import run_gateway
 from rlgw.settings import Settings
+
+from .models import PRESETS
+from .output import info
+from .serve import run_gateway, settings_from
 
 
 def _banner(settings: Settings, model: str) -> str:
@@ -50,18 +54,18 @@ def _exit_on_sigterm() -> None:
 
 def run_up(settings: Settings, *, backend_port: int, preset: str, seed: int) -> int:
     _exit_on_sigterm()
-    from trainer.init_model import create_model
+    from trainer.init_model import create_model  # here for start-up time: it imports torch
 
     url = resolve_database_url(settings)
     settings = settings.model_copy(update={"database_url": url})
-    print("[rlgw] applying migrations", flush=True)
+    info("[rlgw] applying migrations")
     upgrade(url)
     model = f"{preset}-seed{seed}"
     model_dir = settings.home / "models" / model
     if not (model_dir / "config.json").exists():
         create_model(model_dir, preset=preset, seed=seed)
     log_path = settings.home / "logs" / f"vllm-{backend_port}.log"
-    print(f"[rlgw] starting vLLM on port {backend_port} (log: {log_path})", flush=True)
+    info(f"[rlgw] starting vLLM on port {backend_port} (log: {log_path})")
     backend = start_backend(model_dir, backend_port, served_model_name=model, log_path=log_path)
     try:
         backend_url = f"http://127.0.0.1:{backend_port}"
@@ -76,14 +80,14 @@ def run_up(settings: Settings, *, backend_port: int, preset: str, seed: int) -> 
         )
         engine.dispose()
         trainer = start_trainer(settings, model)
-        print(_banner(settings, model), flush=True)
+        info(_banner(settings, model))
         try:
             run_gateway(settings)
         finally:
-            print("[rlgw] stopping the trainer", flush=True)
+            info("[rlgw] stopping the trainer")
             stop_backend(trainer)
     finally:
-        print("[rlgw] stopping vLLM", flush=True)
+        info("[rlgw] stopping vLLM")
         stop_backend(backend)
     return 0
 
@@ -92,7 +96,7 @@ def start_trainer(settings: Settings, model: str) -> subprocess.Popen:
     """`rlgw train` in its own process group, logging under <home>/logs."""
     log_path = settings.home / "logs" / "trainer.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[rlgw] starting the trainer (log: {log_path})", flush=True)
+    info(f"[rlgw] starting the trainer (log: {log_path})")
     with log_path.open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "rlgw.cli", "train", "--model", model],
@@ -101,3 +105,22 @@ def start_trainer(settings: Settings, model: str) -> subprocess.Popen:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    return run_up(
+        settings_from(args), backend_port=args.backend_port, preset=args.preset, seed=args.seed
+    )
+
+
+def add_commands(add) -> None:
+    p = add(
+        "up", cmd_up, "Start everything on embedded defaults: Postgres, model, backend, gateway."
+    )
+    p.add_argument("--host", default=None, help="gateway bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="gateway port (default 8000)")
+    p.add_argument("--backend-port", type=int, default=8100, help="vLLM port (default 8100)")
+    p.add_argument(
+        "--preset", default="tiny", choices=PRESETS, help="model preset created when missing"
+    )
+    p.add_argument("--seed", type=int, default=0, help="model seed")

@@ -1,0 +1,85 @@
+"""`rlgw train` (the online trainer as a service) and `rlgw push` (install weights by hand)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rlgw.database import ready_database_url
+from rlgw.db.engine import make_sync_engine
+from rlgw.settings import Settings
+
+from .output import CommandError, info
+
+# TrainerConfig fields settable from the command line, with their types.
+TRAIN_FLAGS: dict[str, type] = {
+    "lr": float,
+    "batch_sessions": int,
+    "min_sessions": int,
+    "max_staleness": int,
+    "anchor_every": int,
+    "minibatches": int,
+    "clip_eps": float,
+    "imp_weight_cap": float,
+    "seed": int,
+}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.config import TrainerConfig
+    from trainer.service import OnlineTrainer
+
+    settings = Settings()
+    config = TrainerConfig(**{k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None})
+    engine = make_sync_engine(ready_database_url(settings))
+    try:
+        try:
+            trainer = OnlineTrainer(settings, engine, args.model, config)
+        except LookupError as exc:
+            raise CommandError(str(exc), code=2) from None
+        try:
+            trainer.run(poll_s=args.poll_s, max_versions=args.max_versions)
+        except KeyboardInterrupt:
+            info("[train] stopped")
+        finally:
+            trainer.close()
+    finally:
+        engine.dispose()
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from trainer.push import PushError, push
+
+    settings = Settings()
+    try:
+        reports = push(
+            settings,
+            ready_database_url(settings),
+            args.model,
+            delta=Path(args.delta) if args.delta else None,
+            full_dir=Path(args.full) if args.full else None,
+        )
+    except PushError as exc:
+        raise CommandError(f"nothing pushed: {exc}", code=2) from None
+    return 0 if reports and all(r.outcome == "swapped" for r in reports) else 1
+
+
+def add_commands(add) -> None:
+    p = add("push", cmd_push, "Install new weights on every backend of a model, verified.")
+    p.add_argument("--model", required=True, help="registered model name")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--delta", help="safetensors file of theta_new - theta_served (HF names)")
+    what.add_argument("--full", help="checkpoint directory with the new weights")
+
+    p = add("train", cmd_train, "Run the online trainer for a model until stopped.")
+    p.add_argument("--model", required=True, help="registered model name")
+    p.add_argument("--max-versions", type=int, default=None, help="stop after N versions")
+    p.add_argument("--poll-s", type=float, default=0.5, help="wait between empty polls")
+    for flag, kind in TRAIN_FLAGS.items():
+        p.add_argument(
+            "--" + flag.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"TrainerConfig.{flag} (see trainer/config.py)",
+        )
