@@ -15,11 +15,13 @@ from pathlib import Path
 
 import httpx
 
+from rlgw.model_dir import TOOL_PARSERS
+
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 PLATFORMS = ("cpu", "gpu")
 # 512 is too short with a byte-level tokenizer: one small tool schema makes a ~400-token prompt.
 CPU_MAX_MODEL_LEN = 2048
-TOOL_CALL_PARSER = "hermes"
+AUTO = "auto"  # tool-call parser: the one of the model's family (rlgw/model_dir.py)
 DEFAULT_LOG_LEVEL = "WARNING"
 WORKER_EXTENSION = "trainer.vllm_worker.WeightUpdateExtension"
 PROGRESS_EVERY_S = 10.0
@@ -62,13 +64,15 @@ def backend_command(
     worker_extension: str | None = WORKER_EXTENSION,
     dtype: str | None = None,
     max_model_len: int | None = None,
+    tool_call_parser: str | None = AUTO,
     log_level: str = DEFAULT_LOG_LEVEL,
 ) -> tuple[list[str], dict[str, str]]:
     """The vLLM server argv and the environment variables to add for it.
 
     `extra_args` are appended last; a flag given there replaces the default of the same name
     (for --dtype and --max-model-len). `max_model_len` defaults to CPU_MAX_MODEL_LEN on the CPU
-    and to the model's own limit on a GPU.
+    and to the model's own limit on a GPU. `tool_call_parser` "auto" takes the parser of the
+    model's family (none for a family without one); None serves without tool calls.
     """
     model_dir = Path(model_dir).expanduser().resolve()
     platform = _check_platform(platform) if platform else detect_platform()
@@ -85,10 +89,10 @@ def backend_command(
         host,
         "--port",
         str(port),
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        TOOL_CALL_PARSER,
     ]
+    parser = _family_tool_parser(model_dir) if tool_call_parser == AUTO else tool_call_parser
+    if parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     if not _has_flag(extra, "--dtype"):
         argv += ["--dtype", dtype or ("float32" if platform == "cpu" else "bfloat16")]
     if platform == "cpu":
@@ -100,6 +104,14 @@ def backend_command(
         argv += ["--worker-extension-cls", worker_extension]
     argv += extra
     return argv, backend_env(platform, log_level)
+
+
+def _family_tool_parser(model_dir: Path) -> str | None:
+    try:
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+    return TOOL_PARSERS.get(str(model_type))
 
 
 def _cpu_max_model_len(model_dir: Path) -> int:

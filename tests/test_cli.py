@@ -79,3 +79,17 @@ def test_commands_report_an_unreachable_database_in_one_line():
 def test_train_with_an_unknown_model_is_a_usage_error(database_url: str):
     done = rlgw("train", "--model", "no-such-model", env={"RLGW_DATABASE_URL": database_url})
     assert_one_line_failure(done, 2, "no model named 'no-such-model'")
+
+
+def test_up_with_a_model_directory_that_cannot_be_served_starts_nothing(tmp_path: Path):
+    home = tmp_path / "home"
+    missing = rlgw("up", "--model", str(tmp_path / "nowhere"), env={"RLGW_HOME": str(home)})
+    assert_one_line_failure(missing, 2, "no model directory")
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"]}')
+    (odd / "model.safetensors").write_bytes(b"")
+    (odd / "tokenizer.json").write_text("{}")
+    refused = rlgw("up", "--model", str(odd), env={"RLGW_HOME": str(home)})
+    assert_one_line_failure(refused, 2, "NoSuchModelForCausalLM", "cannot serve")
+    assert not (home / "pgdata").exists()  # refused before the database started

@@ -9,6 +9,7 @@ from rlgw.database import ready_database_url, resolve_database_url
 from rlgw.db import migrate
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.export import export_command, parse_since
+from rlgw.model_dir import inspect_model_dir
 from rlgw.registry import RegistrationError, register_backend
 from rlgw.settings import Settings
 
@@ -28,13 +29,14 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_register(args: argparse.Namespace) -> int:
     settings = Settings()
+    model_path = str(inspect_model_dir(args.path).path) if args.path else None
     engine = make_sync_engine(ready_database_url(settings))
     try:
         backend_id = register_backend(
             sync_session_factory(engine),
             args.model,
             args.url,
-            model_path=args.path,
+            model_path=model_path,
             allowlist=settings.backend_allowlist,
             trust_target=args.skip_allowlist,
         )

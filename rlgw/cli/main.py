@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from rlgw.database import SchemaOutOfDate
 from rlgw.db.faults import is_connection_error
+from rlgw.model_dir import ModelDirError
 
 from . import admin, demo, models, serve, train, up
 from .output import CommandError
@@ -34,7 +35,7 @@ def _expected_failure(exc: BaseException) -> tuple[str, int] | None:
     """The one line and exit code for a failure a user can cause or meet; None for a bug."""
     if isinstance(exc, CommandError):
         return str(exc), exc.code
-    if isinstance(exc, SchemaOutOfDate):
+    if isinstance(exc, SchemaOutOfDate | ModelDirError):
         return str(exc), 2
     if is_connection_error(exc):
         cause = getattr(exc, "orig", None) or exc

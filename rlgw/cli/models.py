@@ -5,9 +5,55 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlgw.backend_launcher import run_backend_foreground
+from rlgw.backend_launcher import AUTO, run_backend_foreground
+from rlgw.model_dir import check_servable, inspect_model_dir
+from rlgw.settings import Settings
+
+from .output import info
 
 PRESETS = ["tiny", "small", "bench-0.5b"]
+
+
+def user_model(model_dir: str, name: str | None) -> tuple[Path, str]:
+    """The user's checkpoint, checked before anything starts, and the name it is served as."""
+    model = inspect_model_dir(model_dir)
+    notice = check_servable(model)
+    if notice:
+        info(f"[rlgw] {notice}")
+    info(f"[rlgw] model {model.path} ({model.architecture}, {model.dtype_on_disk or '?'} on disk)")
+    return model.path, name or model.path.name
+
+
+def preset_model(settings: Settings, preset: str, seed: int) -> tuple[Path, str]:
+    """A local random model of a preset under RLGW_HOME, created on first use."""
+    from trainer.init_model import create_model  # here for start-up time: it imports torch
+
+    name = f"{preset}-seed{seed}"
+    model_dir = settings.home / "models" / name
+    if not (model_dir / "config.json").exists():
+        create_model(model_dir, preset=preset, seed=seed)
+    return model_dir, name
+
+
+def tool_parser_arg(value: str) -> str | None:
+    """--tool-call-parser: a vLLM parser name, "auto" (the model family's) or "none"."""
+    return None if value == "none" else value
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `rlgw up` and `rlgw backend` share for serving a model."""
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="weights in vLLM (default: float32 on the CPU, bfloat16 on a GPU)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=AUTO,
+        help="vLLM tool-call parser: auto (the model family's: Qwen hermes, Llama llama3_json, "
+        "Mistral mistral), none, or a vLLM parser name",
+    )
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
@@ -18,8 +64,15 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 
 def cmd_backend(args: argparse.Namespace) -> int:
+    model_dir, name = user_model(args.model, args.name)
     return run_backend_foreground(
-        args.model, args.port, host=args.host, served_model_name=args.name, platform=args.platform
+        model_dir,
+        args.port,
+        host=args.host,
+        served_model_name=name,
+        platform=args.platform,
+        dtype=args.dtype,
+        tool_call_parser=tool_parser_arg(args.tool_call_parser),
     )
 
 
@@ -36,3 +89,4 @@ def add_commands(add) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--name", default=None, help="served model name (default: directory name)")
     p.add_argument("--platform", choices=["cpu", "gpu"], default=None, help="default: detect")
+    add_model_flags(p)

@@ -7,14 +7,14 @@ import signal
 import subprocess
 import sys
 
-from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
+from rlgw.backend_launcher import AUTO, start_backend, stop_backend, wait_healthy
 from rlgw.database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
 
-from .models import PRESETS
+from .models import PRESETS, add_model_flags, preset_model, tool_parser_arg, user_model
 from .output import info
 from .serve import run_gateway, settings_from
 
@@ -52,21 +52,38 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
-def run_up(settings: Settings, *, backend_port: int, preset: str, seed: int) -> int:
+def run_up(
+    settings: Settings,
+    *,
+    backend_port: int,
+    preset: str = "tiny",
+    seed: int = 0,
+    model_dir: str | None = None,
+    name: str | None = None,
+    dtype: str | None = None,
+    tool_call_parser: str | None = AUTO,
+) -> int:
+    """`model_dir` (the user's checkpoint) or else a preset; the backend serves it in `dtype`
+    (default: float32 on the CPU, bfloat16 on a GPU)."""
     _exit_on_sigterm()
-    from trainer.init_model import create_model  # here for start-up time: it imports torch
-
+    if model_dir is not None:
+        model_dir, model = user_model(model_dir, name)
     url = resolve_database_url(settings)
     settings = settings.model_copy(update={"database_url": url})
     info("[rlgw] applying migrations")
     upgrade(url)
-    model = f"{preset}-seed{seed}"
-    model_dir = settings.home / "models" / model
-    if not (model_dir / "config.json").exists():
-        create_model(model_dir, preset=preset, seed=seed)
+    if model_dir is None:
+        model_dir, model = preset_model(settings, preset, seed)
     log_path = settings.home / "logs" / f"vllm-{backend_port}.log"
     info(f"[rlgw] starting vLLM on port {backend_port} (log: {log_path})")
-    backend = start_backend(model_dir, backend_port, served_model_name=model, log_path=log_path)
+    backend = start_backend(
+        model_dir,
+        backend_port,
+        served_model_name=model,
+        log_path=log_path,
+        dtype=dtype,
+        tool_call_parser=tool_call_parser,
+    )
     try:
         backend_url = f"http://127.0.0.1:{backend_port}"
         wait_healthy(backend_url, proc=backend)
@@ -109,7 +126,14 @@ def start_trainer(settings: Settings, model: str) -> subprocess.Popen:
 
 def cmd_up(args: argparse.Namespace) -> int:
     return run_up(
-        settings_from(args), backend_port=args.backend_port, preset=args.preset, seed=args.seed
+        settings_from(args),
+        backend_port=args.backend_port,
+        preset=args.preset,
+        seed=args.seed,
+        model_dir=args.model,
+        name=args.name,
+        dtype=args.dtype,
+        tool_call_parser=tool_parser_arg(args.tool_call_parser),
     )
 
 
@@ -121,6 +145,17 @@ def add_commands(add) -> None:
     p.add_argument("--port", type=int, default=None, help="gateway port (default 8000)")
     p.add_argument("--backend-port", type=int, default=8100, help="vLLM port (default 8100)")
     p.add_argument(
-        "--preset", default="tiny", choices=PRESETS, help="model preset created when missing"
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="your Hugging Face causal-LM directory (default: a local preset model)",
     )
-    p.add_argument("--seed", type=int, default=0, help="model seed")
+    p.add_argument("--name", default=None, help="served model name (default: directory name)")
+    p.add_argument(
+        "--preset",
+        default="tiny",
+        choices=PRESETS,
+        help="without --model: the local random model to create (default tiny)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="without --model: the preset's seed")
+    add_model_flags(p)

@@ -8,8 +8,9 @@ from pathlib import Path
 from rlgw.backend_launcher import CPU_MAX_MODEL_LEN, backend_command
 
 
-def _model(tmp_path: Path, positions: int = 32768) -> Path:
-    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": positions}))
+def _model(tmp_path: Path, positions: int = 32768, model_type: str = "qwen2") -> Path:
+    config = {"max_position_embeddings": positions, "model_type": model_type}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path
 
 
@@ -47,3 +48,14 @@ def test_flags_given_by_the_user_replace_the_defaults(tmp_path: Path) -> None:
     argv, _ = backend_command(_model(tmp_path), 8100, platform="cpu", extra_args=extra)
     assert argv.count("--dtype") == 1 and _value(argv, "--dtype") == "float16"
     assert argv.count("--max-model-len") == 1 and _value(argv, "--max-model-len") == "1024"
+
+
+def test_the_tool_call_parser_follows_the_model_family_or_the_flag(tmp_path: Path) -> None:
+    llama, _ = backend_command(_model(tmp_path, model_type="llama"), 8100, platform="cpu")
+    assert _value(llama, "--tool-call-parser") == "llama3_json"
+    named, _ = backend_command(_model(tmp_path), 8100, platform="cpu", tool_call_parser="pythonic")
+    assert _value(named, "--tool-call-parser") == "pythonic"
+    unknown, _ = backend_command(_model(tmp_path, model_type="gpt2"), 8100, platform="cpu")
+    assert "--tool-call-parser" not in unknown and "--enable-auto-tool-choice" not in unknown
+    off, _ = backend_command(_model(tmp_path), 8100, platform="cpu", tool_call_parser=None)
+    assert "--enable-auto-tool-choice" not in off
