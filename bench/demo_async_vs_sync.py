@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlgw.cli.demo import DemoOptions, plot_curves, run_demo  # noqa: E402
+from rlgw.placement import Placement  # noqa: E402
 from rlgw.settings import Settings  # noqa: E402
 
 
@@ -34,7 +35,8 @@ def main() -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:
         for mode in args.modes.split(","):
             print(f"\n[bench] seed {seed} {mode}: {args.minutes:g} min", flush=True)
-            options = DemoOptions(seed=seed, minutes=args.minutes, sync=mode == "sync", out_dir=out)
+            placement = Placement.choose("colocated" if mode == "sync" else "shared")
+            options = DemoOptions(seed=seed, minutes=args.minutes, placement=placement, out_dir=out)
             summaries.append(run_demo(Settings(), options))
     plot_curves(summaries, out / "async-vs-sync.png")
     lines = [

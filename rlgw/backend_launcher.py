@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from rlgw.model_dir import TOOL_PARSERS
+from rlgw.placement import Placement, pinned_argv
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 PLATFORMS = ("cpu", "gpu")
@@ -156,13 +157,18 @@ def start_backend(
     port: int,
     *,
     log_path: Path | str | None = None,
+    placement: Placement | None = None,
     **command_kwargs,
 ) -> subprocess.Popen:
     """Start vLLM in a new process group; stdout and stderr go to log_path (a temp file if None).
 
-    The log path is kept on the returned process as `proc.log_path` for `wait_healthy`.
+    A separated `placement` pins the server (and the engine processes it spawns) to the backend
+    cores. The log path is kept on the returned process as `proc.log_path` for `wait_healthy`.
     """
     argv, env_add = backend_command(check_model_dir(model_dir), port, **command_kwargs)
+    if placement is not None:
+        argv = pinned_argv(argv, placement.cpus("backend"))
+        env_add = {**env_add, **placement.backend_env()}
     log_path = Path(log_path) if log_path else default_log_path(port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:

@@ -4,8 +4,9 @@ Everything is real: an embedded (or configured) Postgres, a vLLM CPU backend ser
 model, the gateway in this process, agent workers that use the official `openai` client on their
 session base URL and post rewards over REST, and the online trainer pushing verified swaps.
 
-async (default): agents keep generating while the trainer trains and swaps (AReaL-style).
---sync:          generation stops while the trainer trains (the synchronous baseline).
+--placement shared (default): agents keep generating while the trainer trains and swaps
+--placement separated: the same, with vLLM and the trainer on disjoint cores
+--placement colocated (or --sync): generation stops while the trainer trains (time-shared)
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
+from rlgw.placement import Placement
 from rlgw.ports import free_port
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
 
 from .output import info
+from .placement import add_placement_flags, placement_from
 from .serve import GatewayThread
 
 
@@ -37,7 +40,7 @@ from .serve import GatewayThread
 class DemoOptions:
     seed: int = 0
     minutes: float = 10.0
-    sync: bool = False
+    placement: Placement = field(default_factory=Placement)
     group_size: int = 8  # samples per training prompt (one session each, one GRPO group)
     groups_per_update: int = 4  # groups the trainer takes per update
     agents: int = 4  # concurrent agent workers (each plays one group at a time)
@@ -67,7 +70,7 @@ class DemoRun:
         from trainer import demo_task
 
         self.settings, self.options, self.task = settings, options, demo_task
-        mode = "sync" if options.sync else "async"
+        mode = options.placement.kind
         self.model_name = f"demo-s{options.seed}-{mode}-{uuid.uuid4().hex[:6]}"
         self.curve = Curve()
         self.stop = threading.Event()
@@ -174,7 +177,13 @@ class DemoRun:
         port = o.backend_port or free_port()
         log = self.settings.home / "logs" / f"{self.model_name}.log"
         info(f"[demo] {self.model_name}: starting vLLM (log: {log})")
-        backend = start_backend(model_dir, port, served_model_name=self.model_name, log_path=log)
+        backend = start_backend(
+            model_dir,
+            port,
+            served_model_name=self.model_name,
+            log_path=log,
+            placement=o.placement,
+        )
         engine = make_sync_engine(url)
         try:
             wait_healthy(f"http://127.0.0.1:{port}", proc=backend, timeout_s=600)
@@ -213,13 +222,14 @@ class DemoRun:
             agents = [asyncio.create_task(self.agent_loop(gw, i, gate)) for i in range(o.agents)]
             next_eval = time.monotonic() + o.eval_every_s
             training = None
-            if not o.sync:  # the trainer runs beside the agents
+            timeshared = o.placement.pauses_generation
+            if not timeshared:  # the trainer runs beside the agents
                 training = threading.Thread(
                     target=self._train_until_stopped, args=(trainer,), daemon=True
                 )
                 training.start()
             while time.monotonic() < deadline:
-                if o.sync:
+                if timeshared:
                     await self._sync_round(trainer, gate, deadline)
                 else:
                     await asyncio.sleep(1.0)
@@ -277,7 +287,7 @@ class DemoRun:
         start, final = points[0]["reward"], points[-1]["reward"]
         summary = {
             "model": self.model_name,
-            "mode": "sync" if o.sync else "async",
+            "mode": o.placement.kind,
             "seed": o.seed,
             "minutes": o.minutes,
             "start_reward": start,
@@ -322,7 +332,7 @@ def plot_curves(summaries: list[dict], path: Path) -> None:
             ys,
             marker="o",
             markersize=3,
-            linestyle="-" if s["mode"] == "async" else "--",
+            linestyle="--" if s["mode"] == "colocated" else "-",
             label=f"{s['mode']} seed {s['seed']}",
         )
     ax.set_xlabel("wall-clock minutes")
@@ -340,8 +350,15 @@ def run_demo(settings: Settings, options: DemoOptions) -> dict:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.sync:
+        args.placement = "colocated"
+    placement = placement_from(args)
+    if (threads := placement.trainer_threads()) is not None:
+        import torch  # here for start-up time
+
+        torch.set_num_threads(threads)  # the trainer's share; vLLM is pinned to the others
     options = DemoOptions(
-        seed=args.seed, minutes=args.minutes, sync=args.sync, out_dir=Path(args.out)
+        seed=args.seed, minutes=args.minutes, placement=placement, out_dir=Path(args.out)
     )
     summary = run_demo(Settings(), options)
     return 0 if summary["gain"] > 0 else 1
@@ -352,8 +369,7 @@ def add_commands(add) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget")
     p.add_argument(
-        "--sync",
-        action="store_true",
-        help="synchronous baseline: no generation while the trainer trains",
+        "--sync", action="store_true", help="the same as --placement colocated (older name)"
     )
+    add_placement_flags(p)
     p.add_argument("--out", default="demo-results", help="where the JSON and PNG go")

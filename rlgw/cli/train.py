@@ -7,9 +7,11 @@ from pathlib import Path
 
 from rlgw.database import ready_database_url
 from rlgw.db.engine import make_sync_engine
+from rlgw.placement import Placement
 from rlgw.settings import Settings
 
 from .output import CommandError, info
+from .placement import add_placement_flags, placement_from
 
 # TrainerConfig fields settable from the command line, with their types.
 TRAIN_FLAGS: dict[str, type] = {
@@ -31,6 +33,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     settings = Settings()
     config = TrainerConfig(**{k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None})
+    placement = placement_from(args)
+    pin_trainer(placement)
     engine = make_sync_engine(ready_database_url(settings))
     try:
         try:
@@ -46,6 +50,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     return 0
+
+
+def pin_trainer(placement: Placement) -> None:
+    """A separated trainer runs on its own cores, with torch's threads to match."""
+    import torch  # here for start-up time
+
+    placement.pin("trainer")
+    if (threads := placement.trainer_threads()) is not None:
+        torch.set_num_threads(threads)
+    info(f"[train] placement {placement.describe()}, {torch.get_num_threads()} torch threads")
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -83,3 +97,4 @@ def add_commands(add) -> None:
             default=None,
             help=f"TrainerConfig.{flag} (see trainer/config.py)",
         )
+    add_placement_flags(p)

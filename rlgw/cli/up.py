@@ -11,11 +11,13 @@ from rlgw.backend_launcher import AUTO, start_backend, stop_backend, wait_health
 from rlgw.database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
+from rlgw.placement import Placement
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
 
 from .models import PRESETS, add_model_flags, preset_model, tool_parser_arg, user_model
 from .output import info
+from .placement import add_placement_flags, placement_argv, placement_from
 from .serve import run_gateway, settings_from
 
 
@@ -62,9 +64,12 @@ def run_up(
     name: str | None = None,
     dtype: str | None = None,
     tool_call_parser: str | None = AUTO,
+    placement: Placement | None = None,
 ) -> int:
     """`model_dir` (the user's checkpoint) or else a preset; the backend serves it in `dtype`
-    (default: float32 on the CPU, bfloat16 on a GPU)."""
+    (default: float32 on the CPU, bfloat16 on a GPU); `placement` says where the backend and
+    the trainer run (rlgw/placement.py)."""
+    placement = placement or Placement()
     _exit_on_sigterm()
     if model_dir is not None:
         model_dir, model = user_model(model_dir, name)
@@ -75,7 +80,7 @@ def run_up(
     if model_dir is None:
         model_dir, model = preset_model(settings, preset, seed)
     log_path = settings.home / "logs" / f"vllm-{backend_port}.log"
-    info(f"[rlgw] starting vLLM on port {backend_port} (log: {log_path})")
+    info(f"[rlgw] starting vLLM on port {backend_port} (log: {log_path}); {placement.describe()}")
     backend = start_backend(
         model_dir,
         backend_port,
@@ -83,6 +88,7 @@ def run_up(
         log_path=log_path,
         dtype=dtype,
         tool_call_parser=tool_call_parser,
+        placement=placement,
     )
     try:
         backend_url = f"http://127.0.0.1:{backend_port}"
@@ -96,7 +102,7 @@ def run_up(
             allowlist=settings.backend_allowlist,
         )
         engine.dispose()
-        trainer = start_trainer(settings, model)
+        trainer = start_trainer(settings, model, placement_argv(placement))
         info(_banner(settings, model))
         try:
             run_gateway(settings)
@@ -109,14 +115,14 @@ def run_up(
     return 0
 
 
-def start_trainer(settings: Settings, model: str) -> subprocess.Popen:
-    """`rlgw train` in its own process group, logging under <home>/logs."""
+def start_trainer(settings: Settings, model: str, flags: list[str]) -> subprocess.Popen:
+    """`rlgw train --model M FLAGS` in its own process group, logging under <home>/logs."""
     log_path = settings.home / "logs" / "trainer.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     info(f"[rlgw] starting the trainer (log: {log_path})")
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "rlgw.cli", "train", "--model", model],
+            [sys.executable, "-m", "rlgw.cli", "train", "--model", model, *flags],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -134,6 +140,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         name=args.name,
         dtype=args.dtype,
         tool_call_parser=tool_parser_arg(args.tool_call_parser),
+        placement=placement_from(args),
     )
 
 
@@ -159,3 +166,4 @@ def add_commands(add) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="without --model: the preset's seed")
     add_model_flags(p)
+    add_placement_flags(p)
