@@ -18,6 +18,7 @@ from .parity import reference_scores
 from .swap.coordinator import SwapCoordinator, SwapPlan, SwapReport
 from .versions import file_sha256, materialize, version_file
 from .vllm_worker import validate_update
+from .weight_update.files import FullFile, stored_update
 from .weights import apply_delta, load_full, state_dict, write_update
 
 
@@ -101,11 +102,10 @@ def push(
                 model_id=model.id,
                 parent_version=parent,
                 new_version=new_version,
-                kind=kind,
-                update_path=str(path),
+                update=stored_update(kind, path),
                 reference_new=reference_scores(reference),
                 reference_old=old_scores,
-                full_path=str(full_path) if full_path else None,
+                fallback=FullFile(full_path) if full_path else None,
             )
         coordinator = SwapCoordinator(
             engine,

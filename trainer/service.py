@@ -33,6 +33,7 @@ from .samples import build_samples
 from .swap.coordinator import SwapCoordinator, SwapPlan, SwapReport
 from .update import policy_update
 from .versions import file_sha256, materialize, version_file
+from .weight_update.files import FullFile, stored_update
 from .weights import delta, state_dict, write_update
 
 FAULT_ENV = "RLGW_TRAINER_FAULT"  # test hook: "crash-before-commit" | "crash-after-commit"
@@ -132,8 +133,7 @@ class OnlineTrainer:
             model_id=self.model_row.id,
             parent_version=self.version,
             new_version=self.version,
-            kind="full",
-            update_path=self._full_file(self.version),
+            update=FullFile(self._full_file(self.version)),
             reference_new=reference_scores(self.model),
         )
         return [self.coordinator.swap_backend(b, plan) for b in behind]
@@ -202,11 +202,10 @@ class OnlineTrainer:
             model_id=self.model_row.id,
             parent_version=self.version,
             new_version=new_version,
-            kind=kind,
-            update_path=str(path),
+            update=stored_update(kind, path),
             reference_new=reference_scores(self.model),
             reference_old=before,
-            full_path=self._full_file(new_version) if self._any_behind() else None,
+            fallback=FullFile(self._full_file(new_version)) if self._any_behind() else None,
         )
         self.version = new_version
         self.served = {k: v.clone() for k, v in weights.items()}

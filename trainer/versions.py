@@ -12,7 +12,10 @@ from sqlalchemy.orm import Session
 
 from rlgw.db.models import PolicyVersion, RegisteredModel
 
-from .weights import apply_delta, load_full, load_reference_model, read_update
+from .weight_update.files import stored_update
+from .weights import load_reference_model
+
+BASE_KIND = "base"  # the checkpoint the model was registered with (version 0)
 
 
 def version_file(home: Path, model: str, version: int, kind: str) -> Path:
@@ -40,7 +43,7 @@ def chain(db: Session, model: RegisteredModel, version: int) -> list[PolicyVersi
         if row is None:
             raise LookupError(f"{model.name} has no version {current}")
         steps.append(row)
-        if row.kind in ("base", "full"):
+        if row.kind == BASE_KIND or not stored_update(row.kind, row.weights_path).relative:
             break
         current = row.parent_version
     return steps[::-1]
@@ -49,15 +52,11 @@ def chain(db: Session, model: RegisteredModel, version: int) -> list[PolicyVersi
 def materialize(db: Session, model: RegisteredModel, version: int) -> torch.nn.Module:
     """The reference model (transformers, fp32) of one version."""
     steps = chain(db, model, version)
-    if steps[0].kind == "base":
-        if not model.path:
-            raise LookupError(f"{model.name} has no base checkpoint path on record")
-        reference = load_reference_model(model.path)
-    else:
-        if not model.path:
-            raise LookupError(f"{model.name} needs its base checkpoint for the architecture")
-        reference = load_reference_model(model.path)
-        load_full(reference, read_update(steps[0].weights_path))
-    for step in steps[1:]:
-        apply_delta(reference, read_update(step.weights_path))
+    if not model.path:  # a full file still needs the checkpoint for the architecture
+        raise LookupError(f"{model.name} has no base checkpoint path on record")
+    reference = load_reference_model(model.path)
+    for step in steps:
+        if step.kind != BASE_KIND:
+            update = stored_update(step.kind, step.weights_path)
+            update.apply_to(reference, update.tensors())
     return reference
