@@ -1,5 +1,6 @@
-"""Policy versions on disk and in the registry: where each version's weights are, and how to
-rebuild any version's reference model (its base checkpoint, then full files or deltas in order)."""
+"""Policy versions on disk and in the registry: where each version's weights are, which version
+is the latest, and how to rebuild any version's reference model (its base checkpoint, then full
+files or deltas in order)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hashlib
 from pathlib import Path
 
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from rlgw.db.models import PolicyVersion, RegisteredModel
@@ -28,6 +29,13 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def latest_version(db: Session, model_id: int) -> int:
+    """The newest recorded version: the one every new version is built on."""
+    newest = select(func.max(PolicyVersion.version)).where(PolicyVersion.model_id == model_id)
+    latest = db.scalar(newest)
+    return 0 if latest is None else latest
 
 
 def chain(db: Session, model: RegisteredModel, version: int) -> list[PolicyVersion]:
