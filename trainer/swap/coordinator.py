@@ -35,7 +35,7 @@ from trainer.weight_update.base import WeightUpdate
 from .vllm_control import ControlError, VllmControl
 
 ADVISORY_LOCK_NAMESPACE = 7_262_001  # pg_advisory_lock(namespace, backend id): one swap at a time
-CONTROL_TIMEOUT_S = 120.0  # longest wait for one control call (a hung backend is refused after it)
+CONTROL_TIMEOUT_S = 120.0  # longest wait for one control call: a stage is refused after it
 
 
 @dataclass(frozen=True)

@@ -91,11 +91,11 @@ class WeightUpdate(ABC):
     def apply(self, backend: VllmControl) -> Any:
         """Inside the pause: serve the staged weights; returns the backend's report."""
 
-    def served_name(self, model_name: str, version: int) -> str:
+    def served_name(self, model_name: str, version: int | None) -> str:
         """The model name a backend serves `version` under after this update."""
         return model_name
 
-    def verify(self, backend: VllmControl, model_name: str, version: int) -> ProbeScores:
+    def verify(self, backend: VllmControl, model_name: str, version: int | None) -> ProbeScores:
         """The probe's served scores of `version` (the new one, or the old after a rollback)."""
         return served_scores(backend.http, backend.url, self.served_name(model_name, version))
 
