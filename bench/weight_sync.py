@@ -2,10 +2,11 @@
 
 For each preset, in one run: create the model, start one vLLM server (`rlgw backend`'s launcher,
 so the rlgw plugin and worker extension are active), then drive the swap steps directly with
-`VllmControl` (no database): stage (outside the pause), pause(wait), rlgw_apply,
-reset_prefix_cache, resume, parity probe against a transformers fp32 forward pass on the same
-weights. The swap is repeated with +delta / -delta. Then the server is stopped and a second one is
-started from a checkpoint of the new weights: the naive way to change weights.
+`VllmControl` and the weight-update seam's file delta (`trainer/weight_update/files.py`; no
+database): stage (outside the pause), pause(wait), apply, reset_prefix_cache, resume, parity probe
+against a transformers fp32 forward pass on the same weights. The swap is repeated with +delta /
+-delta. Then the server is stopped and a second one is started from a checkpoint of the new
+weights: the naive way to change weights.
 
     .venv/bin/python bench/weight_sync.py [--presets tiny,bench-0.5b] [--repeats 3]
 
@@ -39,6 +40,7 @@ from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # n
 from trainer.init_model import PRESETS, create_model  # noqa: E402
 from trainer.parity import PROBE_TOKEN_IDS, reference_scores, served_scores  # noqa: E402
 from trainer.swap.vllm_control import VllmControl  # noqa: E402
+from trainer.weight_update.files import DeltaFile  # noqa: E402
 from trainer.weights import load_reference_model, state_dict, write_update  # noqa: E402
 
 SERVED_NAME = "bench"
@@ -203,9 +205,10 @@ def one_swap(
 ) -> dict:
     """Stage, pause, apply, reset cache, resume, verify, commit; seconds for each step."""
     steps: dict[str, float] = {}
+    update = DeltaFile(path)
     with LatencyProbe(url) as probe:
         t = time.perf_counter()
-        staged = vllm.rpc("rlgw_stage", path=str(path), kind="delta")
+        staged = update.stage(vllm).detail
         t_staged = time.perf_counter()
     steps["stage"] = t_staged - t
     stall = probe.during(t, t_staged)
@@ -215,7 +218,7 @@ def one_swap(
     vllm.pause("wait")
     steps["pause"] = time.perf_counter() - t_pause
     t = time.perf_counter()
-    applied = vllm.rpc("rlgw_apply")
+    applied = update.apply(vllm)
     steps["apply"] = time.perf_counter() - t
     t = time.perf_counter()
     vllm.reset_prefix_cache()
@@ -230,10 +233,10 @@ def one_swap(
     diff = served.max_abs_diff(reference)
     rss_applied = group_rss_gib(pgid)
     if diff <= PARITY_TOL:
-        vllm.rpc("rlgw_commit")
+        update.commit(vllm)
     else:  # what the coordinator would do: take the old weights back
         vllm.pause("abort")
-        vllm.rpc("rlgw_rollback")
+        update.rollback(vllm)
         vllm.reset_prefix_cache()
         vllm.resume()
     return {

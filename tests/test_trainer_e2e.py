@@ -1,10 +1,12 @@
 """The online trainer end to end: rewarded sessions -> one update -> a verified swap -> new
 completions carry the new version; the ledger lists exactly what was used, once, even across a
-crash; stale data is skipped with a reason."""
+crash; stale data is skipped with a reason; a push that no backend took (refused, or none
+registered) leaves versions that the next push and the next training step build on."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,8 +25,13 @@ from rlgw.db.migrate import upgrade
 from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
+from trainer.errors import PushRefused
 from trainer.parity import reference_scores, served_scores
+from trainer.publish import Publisher
+from trainer.push import push
 from trainer.service import FAULT_ENV, OnlineTrainer
+from trainer.swap.vllm_control import VllmControl
+from trainer.weights import apply_delta
 
 from conftest import (
     MODEL_NAME,
@@ -34,11 +41,21 @@ from conftest import (
     start_vllm_servers,
     stop_vllm_servers,
 )
+from swap_helpers import random_delta, write_delta
 
 
 class Env:
-    def __init__(self, db_url: str, backend: str, gateway: str, home: Path) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        backend: str,
+        backend_proc: subprocess.Popen,
+        gateway: str,
+        home: Path,
+        model_dir: Path,
+    ) -> None:
         self.db_url, self.backend, self.gateway, self.home = db_url, backend, gateway, home
+        self.backend_proc, self.model_dir = backend_proc, model_dir
         self.settings = gateway_settings(db_url).model_copy(update={"home": home})
         self.http = httpx.Client(base_url=gateway, timeout=120)
 
@@ -98,7 +115,14 @@ def env(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Env]:
     )
     engine.dispose()
     with LiveServer(create_app(gateway_settings(db_url)), free_port()) as gw:
-        yield Env(db_url, servers[0][1], gw.url, tmp_path_factory.mktemp("home"))
+        yield Env(
+            db_url,
+            servers[0][1],
+            servers[0][0],
+            gw.url,
+            tmp_path_factory.mktemp("home"),
+            tiny_model_dir,
+        )
     stop_vllm_servers(servers)
 
 
@@ -256,3 +280,119 @@ def test_a_restarted_trainer_keeps_its_adamw_moments(env):
     third = env.trainer()
     third.close()
     assert third.optimizer.state_dict()["state"] == {}
+
+
+# ----------------------------------------------------------------------------- versions never wedge
+
+
+def backend_row(env: Env) -> tuple[int, str, int]:
+    """The model's one backend in the registry: (id, state, served version)."""
+    with env.db() as db:
+        (row,) = db.execute(text("SELECT id, state, served_version FROM backends")).all()
+    return tuple(row)
+
+
+def latest_reference(env: Env) -> torch.nn.Module:
+    engine = make_sync_engine(env.db_url)
+    with Publisher(env.settings, engine, MODEL_NAME) as publisher:
+        _, model = publisher.latest()
+    engine.dispose()
+    return model
+
+
+def served_matches(env: Env, model: torch.nn.Module) -> bool:
+    served = served_scores(httpx.Client(timeout=120), env.backend, MODEL_NAME)
+    return served.max_abs_diff(reference_scores(model)) <= 1e-4
+
+
+def assert_a_training_step_swaps_the_next_version(env: Env) -> None:
+    """Two rewarded sessions, one update on top of the latest version, served and ledgered."""
+    episodes = [env.episode(r) for r in (1.0, 0.0)]
+    version = current_version(env)
+    trainer = env.trainer()
+    assert trainer.version == version
+    report = trainer.step()
+    trainer.close()
+    assert report is not None and report.version == version + 1
+    assert [(s.outcome, s.kind) for s in report.swaps] == [("swapped", "delta")]
+    assert served_matches(env, trainer.model)
+    used = [(s, c) for v, s, c, ok, _ in env.ledger() if v == version + 1 and ok]
+    assert sorted(used) == sorted(episodes)
+
+
+def test_a_push_every_backend_refused_is_recorded_and_the_next_push_brings_it(env, tmp_path):
+    """The backend hangs (SIGSTOP) and the stage times out: the version is recorded and current
+    anyway, the backend keeps serving the old one, and the next push installs the newer version
+    with full weights, which include the refused delta; then training continues on top."""
+    drain_queue(env)
+    version = current_version(env)
+    refused_delta, next_delta = (random_delta(env.model_dir, seed) for seed in (21, 22))
+    expected = latest_reference(env)  # plus both deltas: what is served in the end
+    os.kill(env.backend_proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(PushRefused) as refused:
+            push(
+                env.settings,
+                env.db_url,
+                MODEL_NAME,
+                delta=write_delta(refused_delta, tmp_path / "refused.safetensors"),
+                timeout_s=3,
+            )
+    finally:
+        os.kill(env.backend_proc.pid, signal.SIGCONT)
+    assert [r.outcome for r in refused.value.reports] == ["refused"]
+    assert "\n" not in str(refused.value) and f"version {version + 1} " in str(refused.value)
+    assert current_version(env) == version + 1  # the version row is the truth
+    assert backend_row(env)[1:] == ("active", version)  # refused at staging: untouched, serving
+    # The stage it received while stopped runs now; one more worker call waits for it.
+    VllmControl(httpx.Client(timeout=120), env.backend).rpc("rlgw_checksum")
+
+    reports = push(
+        env.settings,
+        env.db_url,
+        MODEL_NAME,
+        delta=write_delta(next_delta, tmp_path / "next.safetensors"),
+    )
+    assert [(r.outcome, r.kind) for r in reports] == [("swapped", "full")]  # it was behind
+    assert current_version(env) == version + 2
+    assert backend_row(env)[1:] == ("active", version + 2)
+    for delta in (refused_delta, next_delta):
+        apply_delta(expected, delta)
+    assert served_matches(env, expected)
+    assert_a_training_step_swaps_the_next_version(env)
+
+
+def test_a_push_with_no_backend_is_recorded_and_a_backend_registered_later_catches_up(
+    env, tmp_path
+):
+    drain_queue(env)
+    version = current_version(env)
+    engine = make_sync_engine(env.db_url)
+    with engine.begin() as conn:  # the operator removes the model's only backend
+        backend_id = backend_row(env)[0]
+        conn.execute(text("DELETE FROM backends WHERE id = :id"), {"id": backend_id})
+        conn.execute(text("SELECT pg_notify('rlgw_backends', :id)"), {"id": str(backend_id)})
+    delta = random_delta(env.model_dir, 23)
+    with pytest.raises(PushRefused, match="has no backend registered") as refused:
+        push(
+            env.settings,
+            env.db_url,
+            MODEL_NAME,
+            delta=write_delta(delta, tmp_path / "alone.safetensors"),
+        )
+    assert refused.value.reports == [] and current_version(env) == version + 1
+
+    register_backend(sync_session_factory(engine), MODEL_NAME, env.backend)
+    engine.dispose()
+    assert backend_row(env)[1:] == ("active", version)  # what it serves: behind
+    reports = push(
+        env.settings,
+        env.db_url,
+        MODEL_NAME,
+        delta=write_delta(random_delta(env.model_dir, 24), tmp_path / "next.safetensors"),
+    )
+    assert [(r.outcome, r.kind) for r in reports] == [("swapped", "full")]
+    assert current_version(env) == version + 2
+    assert backend_row(env)[1:] == ("active", version + 2)
+    assert served_matches(env, latest_reference(env))
+    assert_a_training_step_swaps_the_next_version(env)

@@ -26,6 +26,7 @@ from trainer.parity import ProbeScores, reference_scores, served_scores
 from trainer.push import PushError, push
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
 from trainer.swap.vllm_control import VllmControl
+from trainer.weight_update.files import DeltaFile
 from trainer.weights import write_update
 
 from conftest import (
@@ -95,8 +96,7 @@ class Stack:
             model_id=model_id,
             parent_version=self.version(),
             new_version=self.version() + 1,
-            kind="delta",
-            update_path=str(delta_path),
+            update=DeltaFile(delta_path),
             reference_new=reference_new,
             reference_old=reference_old,
         )

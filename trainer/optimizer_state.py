@@ -31,8 +31,8 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, path: Path, version: int
         saved_version = int(saved["version"])
         if saved_version != version:
             return (
-                f"saved optimizer state is of version {saved_version}, not {version} (a stop "
-                "between a commit and its save): AdamW moments start at zero"
+                f"saved optimizer state is of version {saved_version}, not {version} (a push "
+                "since, or a stop between a commit and its save): AdamW moments start at zero"
             )
         optimizer.load_state_dict(saved["state"])
     except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:

@@ -2,46 +2,52 @@
 
 from __future__ import annotations
 
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from sqlalchemy import select
 
-from rlgw.backend_state import backends_of
-from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.models import PolicyVersion, RegisteredModel
+from rlgw.db.engine import make_sync_engine
 from rlgw.settings import Settings
 
+from .errors import BadUpdate, PushError, PushRefused, database_errors
 from .parity import reference_scores
-from .swap.coordinator import SwapCoordinator, SwapPlan, SwapReport
-from .versions import file_sha256, materialize, version_file
-from .vllm_worker import validate_update
-from .weights import apply_delta, load_full, state_dict, write_update
+from .publish import Publisher, swap_metrics
+from .swap.coordinator import CONTROL_TIMEOUT_S, SwapReport
+from .weight_update.files import DeltaFile, FileUpdate, FullFile
+from .weights import state_dict
+
+__all__ = ["PushError", "push"]  # the CLI catches trainer.errors.TrainerError
 
 
-class PushError(RuntimeError):
-    """The update cannot become a version (unknown model, malformed weights)."""
-
-
-def _read_full_dir(full_dir: Path) -> dict[str, torch.Tensor]:
-    files = sorted(full_dir.glob("*.safetensors"))
-    if not files:
-        raise PushError(f"{full_dir} holds no .safetensors files")
+def _read(delta: Path | None, full_dir: Path | None) -> tuple[type[FileUpdate], dict]:
+    if (delta is None) == (full_dir is None):
+        raise PushError("give exactly one of --delta FILE or --full DIR")
+    if delta is not None:
+        files, kind = [delta], DeltaFile
+    else:
+        files, kind = sorted(full_dir.glob("*.safetensors")), FullFile
+        if not files:
+            raise BadUpdate(f"{full_dir} holds no .safetensors files")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        tensors.update(load_file(str(file)))
-    return tensors
+        try:
+            tensors.update(load_file(str(file)))
+        except Exception as exc:  # missing, unreadable, not safetensors
+            raise BadUpdate(f"cannot read {file}: {exc}") from exc
+    return kind, tensors
 
 
-def _print_reports(reports: list[SwapReport]) -> None:
-    print("\n| backend | outcome | paused (s) | out of routing (s) | parity diff | reason |")
-    print("|---|---|---|---|---|---|")
+def _print_reports(reports: list[SwapReport], log: Callable[[str], None]) -> None:
+    log(
+        "\n| backend | outcome | shipped | paused (s) | out of routing (s) | parity diff | reason |"
+    )
+    log("|---|---|---|---|---|---|---|")
     for r in reports:
         diff = "" if r.parity_diff is None else f"{r.parity_diff:.2e}"
-        print(
-            f"| {r.backend_id} {r.url} | {r.outcome} | {r.paused_s:.3f} | "
+        log(
+            f"| {r.backend_id} {r.url} | {r.outcome} | {r.kind or ''} | {r.paused_s:.3f} | "
             f"{r.out_of_routing_s:.3f} | {diff} | {r.reason or ''} |"
         )
 
@@ -53,75 +59,37 @@ def push(
     *,
     delta: Path | None = None,
     full_dir: Path | None = None,
+    timeout_s: float = CONTROL_TIMEOUT_S,
+    log: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> list[SwapReport]:
-    if (delta is None) == (full_dir is None):
-        raise PushError("give exactly one of --delta FILE or --full DIR")
+    """Record the weights as the next version and swap every backend to it; the reports of a
+    push that at least one backend took. Raises trainer.errors.TrainerError otherwise (one-line
+    messages): BadUpdate, UnknownModel, DatabaseUnavailable, VersionConflict, PushRefused."""
+    kind, tensors = _read(delta, full_dir)
     engine = make_sync_engine(database_url)
     try:
-        with sync_session_factory(engine)() as db:
-            model = db.scalar(select(RegisteredModel).where(RegisteredModel.name == model_name))
-            if model is None:
-                raise PushError(f"no model named {model_name!r}")
-            parent = model.current_version
-            print(f"[push] rebuilding the reference of {model_name} version {parent}", flush=True)
-            reference = materialize(db, model, parent)
+        with (
+            database_errors(),
+            Publisher(settings, engine, model_name, timeout_s=timeout_s, log=log) as publisher,
+        ):
+            parent, reference = publisher.latest()
+            log(f"[push] rebuilt the reference of {model_name} version {parent}")
             expected = {k: tuple(v.shape) for k, v in state_dict(reference).items()}
-            kind = "delta" if delta is not None else "full"
-            update = load_file(str(delta)) if delta is not None else _read_full_dir(full_dir)
-            problems = validate_update(update, kind, expected)
+            problems = kind.problems(tensors, expected)
             if problems:
-                raise PushError("; ".join(problems[:5]))
-            old_scores = reference_scores(reference)
-            (apply_delta if kind == "delta" else load_full)(reference, update)
-            new_version = parent + 1
-            path = version_file(settings.home, model_name, new_version, kind)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if delta is not None:
-                shutil.copyfile(delta, path)
-            else:
-                write_update(update, path)
-            full_path = None
-            behind = [b for b in db.scalars(backends_of(model.id)) if b.served_version != parent]
-            if behind:  # they get the full weights (an anchor sync) instead of the delta
-                full_path = version_file(settings.home, model_name, new_version, "anchor")
-                write_update(state_dict(reference), full_path)
-            db.add(
-                PolicyVersion(
-                    model_id=model.id,
-                    version=new_version,
-                    parent_version=parent,
-                    kind=kind,
-                    weights_path=str(path),
-                    checksum=file_sha256(path),
-                )
+                raise BadUpdate("; ".join(problems[:5]))
+            reference_old = reference_scores(reference)
+            kind.apply_to(reference, tensors)
+            published = publisher.record(parent, tensors, kind)
+            log(
+                f"[push] version {published.version} ({kind.kind}, "
+                f"{published.update.nbytes:,} bytes) -> every backend of {model_name}"
             )
-            db.commit()
-            plan = SwapPlan(
-                model_name=model_name,
-                model_id=model.id,
-                parent_version=parent,
-                new_version=new_version,
-                kind=kind,
-                update_path=str(path),
-                reference_new=reference_scores(reference),
-                reference_old=old_scores,
-                full_path=str(full_path) if full_path else None,
-            )
-        coordinator = SwapCoordinator(
-            engine,
-            drain_timeout_s=settings.drain_timeout_s,
-            parity_tolerance=settings.parity_tolerance,
-        )
-        print(
-            f"[push] version {new_version} ({kind}, {path.stat().st_size:,} bytes) -> "
-            f"every backend of {model_name}",
-            flush=True,
-        )
-        reports = coordinator.push(plan)
-        if any(r.outcome == "swapped" for r in reports):
-            with sync_session_factory(engine)() as db, db.begin():
-                db.get(RegisteredModel, model.id).current_version = new_version
-        _print_reports(reports)
-        return reports
+            reports = publisher.push(published, reference, reference_old=reference_old)
+            publisher.note(published.version, swap_metrics(reports))
     finally:
         engine.dispose()
+    _print_reports(reports, log)
+    if not any(r.outcome == "swapped" for r in reports):
+        raise PushRefused(model_name, published.version, reports)
+    return reports

@@ -5,7 +5,9 @@ Crash safety: the transaction that records a version also marks its sessions con
 the ledger, so an update either happened completely or not at all. A crash before it leaves the
 sessions claimed by a dead instance: the next trainer releases and re-trains them (from the last
 recorded version's weights). A crash after it leaves backends behind: the next trainer brings them
-to the current version with full weights before training.
+to the current version with full weights before training. Versions are recorded and pushed by the
+publisher that `rlgw push` uses too (`trainer/publish.py`); a version published by someone else
+while this trainer trained makes its commit a VersionConflict: the sessions go back to the queue.
 """
 
 from __future__ import annotations
@@ -17,23 +19,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 import torch
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from rlgw.backend_state import backends_of
-from rlgw.db.models import AgentSession, Consumption, PolicyVersion, RegisteredModel
+from rlgw.db.models import AgentSession, Consumption
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
 
 from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclaim
 from .config import TrainerConfig
+from .errors import VersionConflict, database_errors
 from .optimizer_state import restore_optimizer, save_optimizer, state_path
 from .parity import reference_scores
+from .publish import Publisher, swap_metrics
 from .samples import build_samples
-from .swap.coordinator import SwapCoordinator, SwapPlan, SwapReport
+from .swap.coordinator import SwapReport
 from .update import policy_update
-from .versions import file_sha256, materialize, version_file
-from .weights import delta, state_dict, write_update
+from .weight_update.files import DeltaFile, FullFile
+from .weights import delta, state_dict
 
 FAULT_ENV = "RLGW_TRAINER_FAULT"  # test hook: "crash-before-commit" | "crash-after-commit"
 
@@ -74,16 +77,12 @@ class OnlineTrainer:
         self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
         self.log = log
         torch.manual_seed(config.seed)
-        self.instance = TrainerInstance(engine)
-        with self.sessions() as db, db.begin():
-            self.model_row = db.scalar(
-                select(RegisteredModel).where(RegisteredModel.name == model_name)
-            )
-            if self.model_row is None:
-                raise LookupError(f"no model named {model_name!r}")
-            released = release_dead_claims(db)
-            self.version = self.model_row.current_version
-            self.model = materialize(db, self.model_row, self.version)
+        with database_errors():
+            self.publisher = Publisher(settings, engine, model_name, log=log)  # or UnknownModel
+            self.instance = TrainerInstance(engine)
+            with self.sessions() as db, db.begin():
+                released = release_dead_claims(db)
+            self.version, self.model = self.publisher.latest()
         if released:
             self.log(f"[train] released {released} session(s) claimed by a stopped trainer")
         self.model.eval()
@@ -97,46 +96,17 @@ class OnlineTrainer:
         )
         self.optimizer_path = state_path(settings.home, model_name)
         self.log(f"[train] {restore_optimizer(self.optimizer, self.optimizer_path, self.version)}")
-        self.coordinator = SwapCoordinator(
-            engine,
-            drain_timeout_s=settings.drain_timeout_s,
-            parity_tolerance=settings.parity_tolerance,
-            log=log,
-        )
         self.log(f"[train] {model_name}: starting from version {self.version}")
-        self.sync_backends()
+        with database_errors():
+            self.sync_backends()
 
     def close(self) -> None:
         self.instance.close()
-
-    # ------------------------------------------------------------------ weights out
-    def _full_file(self, version: int) -> str:
-        path = version_file(self.settings.home, self.model_name, version, "anchor")
-        if not path.exists():
-            write_update(state_dict(self.model), path)
-        return str(path)
+        self.publisher.close()
 
     def sync_backends(self) -> list[SwapReport]:
         """Bring backends that serve another version to the current one (full weights)."""
-        with self.sessions() as db:
-            behind = [
-                b
-                for b in db.scalars(backends_of(self.model_row.id))
-                if b.served_version != self.version
-            ]
-        if not behind:
-            return []
-        self.log(f"[train] {len(behind)} backend(s) behind version {self.version}: full sync")
-        plan = SwapPlan(
-            model_name=self.model_name,
-            model_id=self.model_row.id,
-            parent_version=self.version,
-            new_version=self.version,
-            kind="full",
-            update_path=self._full_file(self.version),
-            reference_new=reference_scores(self.model),
-        )
-        return [self.coordinator.swap_backend(b, plan) for b in behind]
+        return self.publisher.sync(self.version, self.model)
 
     # ------------------------------------------------------------------ one update
     def step(self) -> StepReport | None:
@@ -187,35 +157,37 @@ class OnlineTrainer:
         metrics["train_s"] = time.perf_counter() - t0
         _maybe_crash("crash-before-commit")
 
-        new_version = self.version + 1
-        kind = "full" if new_version % self.config.anchor_every == 0 else "delta"
         weights = state_dict(self.model)
-        update_tensors = weights if kind == "full" else delta(weights, self.served)
-        path = version_file(self.settings.home, self.model_name, new_version, kind)
-        metrics["bytes"] = write_update(update_tensors, path)
-        self._commit(new_version, kind, path, metrics, samples, skips, claim.session_ids)
-        save_optimizer(self.optimizer, self.optimizer_path, new_version)
+        anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights, no drift
+        payload, kind = (weights, FullFile) if anchor else (delta(weights, self.served), DeltaFile)
+        try:
+            published = self.publisher.record(
+                self.version,
+                payload,
+                kind,
+                metrics={**metrics, "config": self.config.as_dict()},
+                rows=lambda db, version: self._consume(
+                    db, version, samples, skips, claim.session_ids
+                ),
+            )
+        except VersionConflict:
+            with self.sessions() as db, db.begin():
+                unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
+            raise
+        metrics["bytes"] = published.update.nbytes
+        save_optimizer(self.optimizer, self.optimizer_path, published.version)
         _maybe_crash("crash-after-commit")
 
-        plan = SwapPlan(
-            model_name=self.model_name,
-            model_id=self.model_row.id,
-            parent_version=self.version,
-            new_version=new_version,
-            kind=kind,
-            update_path=str(path),
-            reference_new=reference_scores(self.model),
-            reference_old=before,
-            full_path=self._full_file(new_version) if self._any_behind() else None,
-        )
-        self.version = new_version
+        self.version = published.version
         self.served = {k: v.clone() for k, v in weights.items()}
-        swaps = self.coordinator.push(plan)
-        metrics["pause_s"] = max((s.paused_s for s in swaps), default=0.0)
+        swaps = self.publisher.push(published, self.model, reference_old=before)
+        metrics.update(swap_metrics(swaps))
         metrics["step_s"] = time.perf_counter() - t0
-        self._record_swap_metrics(new_version, metrics, swaps)
+        self.publisher.note(
+            published.version, {k: metrics[k] for k in ("pause_s", "step_s", "swaps")}
+        )
         report = StepReport(
-            new_version,
+            published.version,
             len(claim.session_ids),
             len(samples),
             len(skips),
@@ -226,79 +198,36 @@ class OnlineTrainer:
         self.log(self._progress_line(report))
         return report
 
-    def _any_behind(self) -> bool:
-        with self.sessions() as db:
-            return any(
-                b.served_version != self.version for b in db.scalars(backends_of(self.model_row.id))
-            )
-
-    def _commit(
-        self,
-        version: int,
-        kind: str,
-        path,
-        metrics: dict[str, Any],
-        samples,
-        skips,
-        session_ids: list[str],
-    ) -> None:
-        """The version, its ledger and the consumed sessions: all or nothing."""
+    def _consume(self, db: Session, version: int, samples, skips, session_ids: list[str]) -> None:
+        """The ledger and the consumed sessions, in the transaction that records `version`."""
         now = datetime.now(UTC)
-        with self.sessions() as db, db.begin():
-            db.add(
-                PolicyVersion(
-                    model_id=self.model_row.id,
-                    version=version,
-                    parent_version=self.version,
-                    kind=kind,
-                    weights_path=str(path),
-                    checksum=file_sha256(path),
-                    metrics={**metrics, "config": self.config.as_dict()},
-                )
+        model_id = self.publisher.model.id
+        db.add_all(
+            Consumption(
+                model_id=model_id,
+                version=version,
+                session_id=s.session_id,
+                completion_id=s.completion_id,
+                used=True,
+                tokens=len(s.output_ids),
+                advantage=s.advantage,
             )
-            db.add_all(
-                Consumption(
-                    model_id=self.model_row.id,
-                    version=version,
-                    session_id=s.session_id,
-                    completion_id=s.completion_id,
-                    used=True,
-                    tokens=len(s.output_ids),
-                    advantage=s.advantage,
-                )
-                for s in samples
+            for s in samples
+        )
+        db.add_all(
+            Consumption(
+                model_id=model_id,
+                version=version,
+                session_id=s.session_id,
+                completion_id=s.completion_id,
+                used=False,
+                reason=s.reason,
             )
-            db.add_all(
-                Consumption(
-                    model_id=self.model_row.id,
-                    version=version,
-                    session_id=s.session_id,
-                    completion_id=s.completion_id,
-                    used=False,
-                    reason=s.reason,
-                )
-                for s in skips
-            )
-            for sid in session_ids:
-                session = db.get(AgentSession, sid)
-                session.status, session.consumed_at = "consumed", now
-            db.get(RegisteredModel, self.model_row.id).current_version = version
-
-    def _record_swap_metrics(
-        self, version: int, metrics: dict[str, Any], swaps: list[SwapReport]
-    ) -> None:
-        with self.sessions() as db, db.begin():
-            row = db.scalar(
-                select(PolicyVersion).where(
-                    PolicyVersion.model_id == self.model_row.id, PolicyVersion.version == version
-                )
-            )
-            row.metrics = {
-                **row.metrics,
-                "pause_s": metrics["pause_s"],
-                "step_s": metrics["step_s"],
-                "swaps": {str(s.backend_id): s.outcome for s in swaps},
-            }
+            for s in skips
+        )
+        for sid in session_ids:
+            session = db.get(AgentSession, sid)
+            session.status, session.consumed_at = "consumed", now
 
     @staticmethod
     def _progress_line(r: StepReport) -> str:
@@ -325,7 +254,8 @@ class OnlineTrainer:
         while max_versions is None or made < max_versions:
             if stop_after_s is not None and time.monotonic() - started > stop_after_s:
                 return
-            report = self.step()
+            with database_errors():
+                report = self.step()
             if report is None or report.version is None:
                 time.sleep(poll_s)
                 continue

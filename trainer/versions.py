@@ -1,5 +1,6 @@
-"""Policy versions on disk and in the registry: where each version's weights are, and how to
-rebuild any version's reference model (its base checkpoint, then full files or deltas in order)."""
+"""Policy versions on disk and in the registry: where each version's weights are, which version
+is the latest, and how to rebuild any version's reference model (its base checkpoint, then full
+files or deltas in order)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import hashlib
 from pathlib import Path
 
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from rlgw.db.models import PolicyVersion, RegisteredModel
 
-from .weights import apply_delta, load_full, load_reference_model, read_update
+from .weight_update.files import stored_update
+from .weights import load_reference_model
+
+BASE_KIND = "base"  # the checkpoint the model was registered with (version 0)
 
 
 def version_file(home: Path, model: str, version: int, kind: str) -> Path:
@@ -25,6 +29,13 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def latest_version(db: Session, model_id: int) -> int:
+    """The newest recorded version: the one every new version is built on."""
+    newest = select(func.max(PolicyVersion.version)).where(PolicyVersion.model_id == model_id)
+    latest = db.scalar(newest)
+    return 0 if latest is None else latest
 
 
 def chain(db: Session, model: RegisteredModel, version: int) -> list[PolicyVersion]:
@@ -40,7 +51,7 @@ def chain(db: Session, model: RegisteredModel, version: int) -> list[PolicyVersi
         if row is None:
             raise LookupError(f"{model.name} has no version {current}")
         steps.append(row)
-        if row.kind in ("base", "full"):
+        if row.kind == BASE_KIND or not stored_update(row.kind, row.weights_path).relative:
             break
         current = row.parent_version
     return steps[::-1]
@@ -49,15 +60,11 @@ def chain(db: Session, model: RegisteredModel, version: int) -> list[PolicyVersi
 def materialize(db: Session, model: RegisteredModel, version: int) -> torch.nn.Module:
     """The reference model (transformers, fp32) of one version."""
     steps = chain(db, model, version)
-    if steps[0].kind == "base":
-        if not model.path:
-            raise LookupError(f"{model.name} has no base checkpoint path on record")
-        reference = load_reference_model(model.path)
-    else:
-        if not model.path:
-            raise LookupError(f"{model.name} needs its base checkpoint for the architecture")
-        reference = load_reference_model(model.path)
-        load_full(reference, read_update(steps[0].weights_path))
-    for step in steps[1:]:
-        apply_delta(reference, read_update(step.weights_path))
+    if not model.path:  # a full file still needs the checkpoint for the architecture
+        raise LookupError(f"{model.name} has no base checkpoint path on record")
+    reference = load_reference_model(model.path)
+    for step in steps:
+        if step.kind != BASE_KIND:
+            update = stored_update(step.kind, step.weights_path)
+            update.apply_to(reference, update.tensors())
     return reference

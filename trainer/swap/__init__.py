@@ -1,1 +1,1 @@
-"""Verified weight swaps into live vLLM backends (DESIGN.md: the swap protocol)."""
+"""Verified weight swaps into live vLLM backends (docs/architecture.md, "Weight swaps")."""

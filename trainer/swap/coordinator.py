@@ -9,6 +9,10 @@
 Every state lives in Postgres and is announced with NOTIFY, so every gateway replica stops routing
 to the backend before it is paused. The backend only re-enters routing after its served probe
 log-probs match the reference forward pass and its reported weight version matches the registry.
+
+The weights themselves move through the weight-update seam (`trainer/weight_update/base.py`):
+the plan names the update for each backend (`SwapPlan.update_for`), and the coordinator calls its
+stage, apply, verify, commit and rollback at the points shown above, whatever carries them.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from rlgw import backend_state as bs
 from rlgw.db.models import Backend
 from rlgw.registry import version_label
-from trainer.parity import ProbeScores, served_scores
+from trainer.parity import ProbeScores
+from trainer.weight_update.base import WeightUpdate
 
 from .vllm_control import ControlError, VllmControl
 
 ADVISORY_LOCK_NAMESPACE = 7_262_001  # pg_advisory_lock(namespace, backend id): one swap at a time
+CONTROL_TIMEOUT_S = 120.0  # longest wait for one control call: a stage is refused after it
 
 
 @dataclass(frozen=True)
@@ -40,11 +46,20 @@ class SwapPlan:
     model_id: int
     parent_version: int
     new_version: int
-    kind: str  # "delta" (theta_new - theta_parent) or "full"
-    update_path: str
+    update: WeightUpdate  # installs new_version (on a backend at parent_version, if relative)
     reference_new: ProbeScores
     reference_old: ProbeScores | None = None  # for verifying a rollback
-    full_path: str | None = None  # full weights, for backends not at parent_version
+    fallback: WeightUpdate | None = None  # full weights, for backends not at parent_version
+
+    def __post_init__(self) -> None:
+        if self.fallback is not None and self.fallback.relative:
+            raise ValueError("a plan's fallback must install the version from any version")
+
+    def update_for(self, served_version: int | None) -> WeightUpdate | None:
+        """The update for a backend serving `served_version`; None when none applies."""
+        if not self.update.relative or served_version == self.parent_version:
+            return self.update
+        return self.fallback
 
 
 @dataclass
@@ -53,6 +68,7 @@ class SwapReport:
     url: str
     outcome: str = "failed"  # swapped | rolled_back | refused | failed | skipped
     reason: str | None = None
+    kind: str | None = None  # what was shipped: the update's kind
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
     paused_s: float = 0.0  # vLLM paused
     out_of_routing_s: float = 0.0  # from leaving routing (drain, or stage) to active
@@ -83,7 +99,7 @@ class SwapCoordinator:
         self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
         self.drain_timeout_s = drain_timeout_s
         self.parity_tolerance = parity_tolerance
-        self.http = http or httpx.Client(timeout=120.0)
+        self.http = http or httpx.Client(timeout=CONTROL_TIMEOUT_S)
         self.log = log
 
     # ---------------------------------------------------------------- registry
@@ -134,16 +150,15 @@ class SwapCoordinator:
 
     def _swap_locked(self, backend: Backend, plan: SwapPlan, report: SwapReport) -> None:
         vllm = VllmControl(self.http, backend.url)
-        kind, path = plan.kind, plan.update_path
-        if kind == "delta" and backend.served_version != plan.parent_version:
-            if plan.full_path is None:
-                report.outcome = "skipped"
-                report.reason = (
-                    f"serves version {backend.served_version}, the delta applies to "
-                    f"{plan.parent_version}; no full weights were given"
-                )
-                return
-            kind, path = "full", plan.full_path  # an anchor sync instead of a delta
+        update = plan.update_for(backend.served_version)  # e.g. an anchor sync instead of a delta
+        if update is None:
+            report.outcome = "skipped"
+            report.reason = (
+                f"serves version {backend.served_version}, the {plan.update.kind} applies to "
+                f"{plan.parent_version}; no full weights were given"
+            )
+            return
+        report.kind = update.kind
         # The stage (read, validate, prepare the new weights aside) holds vLLM's engine loop, so
         # requests sent meanwhile wait. When another backend of the model serves, this one leaves
         # routing first and nobody waits; a lone backend stages while in routing (a wait beats a
@@ -154,26 +169,26 @@ class SwapCoordinator:
             self._set(backend.id, bs.DRAINING, f"staging version {plan.new_version}")
         try:
             mono_stage = time.monotonic()
-            staged = self._step(report, "stage", vllm.rpc, "rlgw_stage", path=path, kind=kind)
+            staged = self._step(report, "stage", update.stage, vllm)
             report.stage_window = (mono_stage, time.monotonic())
         except (ControlError, httpx.HTTPError) as exc:
             report.outcome, report.reason = "refused", f"update refused: {exc}"
             if report.staged_out_of_routing:  # nothing was touched: serve as before
                 self._set(backend.id, bs.ACTIVE, f"version {plan.new_version} refused: {exc}")
             return
-        report.bytes_shipped = sum(r.get("bytes", 0) for r in staged if isinstance(r, dict))
+        report.bytes_shipped = staged.nbytes
         if not report.staged_out_of_routing:
             t_out, mono_out = time.perf_counter(), time.monotonic()
         try:
             self._drain(vllm, backend, plan, report)
             t_pause = time.perf_counter()
             try:
-                self._apply(vllm, report)
+                self._apply(vllm, update, report)
             finally:
                 report.paused_s = time.perf_counter() - t_pause
-            self._verify_or_roll_back(vllm, backend, plan, report)
+            self._verify_or_roll_back(vllm, update, backend, plan, report)
         except _Undone as exc:  # the worker kept the old weights: serve them again, verified
-            self._serve_old_again(vllm, backend, plan, report, str(exc), outcome="refused")
+            self._serve_old_again(vllm, update, backend, plan, report, str(exc), outcome="refused")
         except SwapFailed as exc:
             report.outcome, report.reason = "failed", str(exc)
             self._set(backend.id, bs.FAILED, f"swap to version {plan.new_version} failed: {exc}")
@@ -217,24 +232,29 @@ class SwapCoordinator:
         self._set(backend.id, bs.PAUSED, f"applying version {plan.new_version}", bump_epoch=True)
         self._step(report, "pause", vllm.pause, "wait" if idle else "abort")
 
-    def _apply(self, vllm: VllmControl, report: SwapReport) -> None:
+    def _apply(self, vllm: VllmControl, update: WeightUpdate, report: SwapReport) -> None:
         try:
-            self._step(report, "apply", vllm.rpc, "rlgw_apply")
-        except ControlError as exc:  # the worker restored the old weights itself
+            self._step(report, "apply", update.apply, vllm)
+        except ControlError as exc:  # the backend restored the old weights itself
             raise _Undone(str(exc)) from exc
         self._step(report, "reset_cache", vllm.reset_prefix_cache)
         self._step(report, "resume", vllm.resume)
 
     def _verify_or_roll_back(
-        self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport
+        self,
+        vllm: VllmControl,
+        update: WeightUpdate,
+        backend: Backend,
+        plan: SwapPlan,
+        report: SwapReport,
     ) -> None:
         self._set(backend.id, bs.VERIFYING, f"checking parity of version {plan.new_version}")
         served = self._step(
-            report, "parity", served_scores, self.http, backend.url, plan.model_name
+            report, "parity", update.verify, vllm, plan.model_name, plan.new_version
         )
         report.parity_diff = served.max_abs_diff(plan.reference_new)
         if report.parity_diff <= self.parity_tolerance:
-            self._step(report, "commit", vllm.rpc, "rlgw_commit")
+            self._step(report, "commit", update.commit, vllm)
             label = version_label(plan.new_version)
             vllm.set_weight_version(label)
             reported = vllm.weight_version()
@@ -250,21 +270,28 @@ class SwapCoordinator:
             f"parity failed: max |served - reference| = {report.parity_diff:.3g} "
             f"> {self.parity_tolerance:g}"
         )
-        self._roll_back(vllm, backend, plan, report, reason)
+        self._roll_back(vllm, update, backend, plan, report, reason)
 
     def _roll_back(
-        self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport, reason: str
+        self,
+        vllm: VllmControl,
+        update: WeightUpdate,
+        backend: Backend,
+        plan: SwapPlan,
+        report: SwapReport,
+        reason: str,
     ) -> None:
         vllm.pause("abort")
         try:
-            vllm.rpc("rlgw_rollback")
+            update.rollback(vllm)
         except ControlError as exc:
             raise SwapFailed(f"{reason}; rollback failed: {exc}", leave_paused=True) from exc
-        self._serve_old_again(vllm, backend, plan, report, reason, outcome="rolled_back")
+        self._serve_old_again(vllm, update, backend, plan, report, reason, outcome="rolled_back")
 
     def _serve_old_again(
         self,
         vllm: VllmControl,
+        update: WeightUpdate,
         backend: Backend,
         plan: SwapPlan,
         report: SwapReport,
@@ -279,7 +306,7 @@ class SwapCoordinator:
             raise SwapFailed(
                 f"{reason}; no reference to verify the old weights against", leave_paused=True
             )
-        old_diff = served_scores(self.http, backend.url, plan.model_name).max_abs_diff(
+        old_diff = update.verify(vllm, plan.model_name, backend.served_version).max_abs_diff(
             plan.reference_old
         )
         if old_diff > self.parity_tolerance:

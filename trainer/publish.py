@@ -1,0 +1,197 @@
+"""Publishing policy versions, the one path shared by the trainer and `rlgw push`: reserve the next
+version, write its payload, record it as current, then swap every backend to it (its own update
+where it applies, full weights where a backend is behind).
+
+Semantics (docs/architecture.md, "Versions and the trainer"): the version row is the truth. It
+is recorded, and `models.current_version` moves with it, in ONE transaction, before any backend
+is touched; the trainer adds its ledger to that transaction. A backend that refuses a version
+(or is not there) stays on its old one, out of date but verified, and the next publish (or a
+trainer's start) brings it forward with full weights. So a refused or partial push leaves
+nothing to clean up, and the next version is always `latest + 1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from rlgw.backend_state import backends_of
+from rlgw.db.models import PolicyVersion, RegisteredModel
+from rlgw.settings import Settings
+
+from .errors import UnknownModel, VersionConflict
+from .parity import ProbeScores, reference_scores
+from .swap.coordinator import CONTROL_TIMEOUT_S, SwapCoordinator, SwapPlan, SwapReport
+from .versions import file_sha256, latest_version, materialize, version_file
+from .weight_update.files import FileUpdate, FullFile
+from .weights import state_dict
+
+
+@dataclass(frozen=True)
+class Published:
+    """A recorded version and its payload."""
+
+    version: int
+    parent: int
+    update: FileUpdate
+
+
+def swap_metrics(reports: list[SwapReport]) -> dict[str, Any]:
+    """What a version's row keeps of its swaps."""
+    return {
+        "pause_s": max((r.paused_s for r in reports), default=0.0),
+        "swaps": {str(r.backend_id): r.outcome for r in reports},
+    }
+
+
+class Publisher:
+    """Versions of one model: record them, and install them on its backends."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        model_name: str,
+        *,
+        timeout_s: float = CONTROL_TIMEOUT_S,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.home = settings.home
+        self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
+        with self.sessions() as db:
+            model = db.scalar(select(RegisteredModel).where(RegisteredModel.name == model_name))
+        if model is None:
+            raise UnknownModel(model_name)
+        self.model = model
+        self.coordinator = SwapCoordinator(
+            engine,
+            drain_timeout_s=settings.drain_timeout_s,
+            parity_tolerance=settings.parity_tolerance,
+            http=httpx.Client(timeout=timeout_s),
+            log=log,
+        )
+        self.log = log
+
+    def close(self) -> None:
+        self.coordinator.http.close()
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ versions
+    def latest(self) -> tuple[int, torch.nn.Module]:
+        """The latest version and its reference model (what the next version is built on)."""
+        with self.sessions() as db:
+            version = latest_version(db, self.model.id)
+            return version, materialize(db, self.model, version)
+
+    def record(
+        self,
+        parent: int,
+        payload: dict[str, torch.Tensor],
+        kind: type[FileUpdate],
+        *,
+        metrics: dict[str, Any] | None = None,
+        rows: Callable[[Session, int], None] | None = None,
+    ) -> Published:
+        """Record version parent + 1 with its payload, as the model's current version, in one
+        transaction (`rows(db, version)` adds the caller's rows to it: the trainer's ledger).
+        Raises VersionConflict when `parent` is no longer the latest version."""
+        with self.sessions() as db, db.begin():
+            # The model's row lock orders publishers: the payload is written under it, so two
+            # of them never write the same version's file.
+            model = db.get(RegisteredModel, self.model.id, with_for_update=True)
+            latest = latest_version(db, model.id)
+            if latest != parent:
+                raise VersionConflict(model.name, parent, latest)
+            version = parent + 1
+            update = kind.write(payload, version_file(self.home, model.name, version, kind.kind))
+            db.add(
+                PolicyVersion(
+                    model_id=model.id,
+                    version=version,
+                    parent_version=parent,
+                    kind=update.kind,
+                    weights_path=update.path,
+                    checksum=file_sha256(update.path),
+                    metrics={**(metrics or {}), "bytes": update.nbytes},
+                )
+            )
+            if rows is not None:
+                rows(db, version)
+            model.current_version = version
+        return Published(version, parent, update)
+
+    def note(self, version: int, metrics: dict[str, Any]) -> None:
+        """Add measurements (pause, swap outcomes) to a recorded version's metrics."""
+        with self.sessions() as db, db.begin():
+            row = db.scalar(self._row(version))
+            row.metrics = {**row.metrics, **metrics}
+
+    def _row(self, version: int):
+        return select(PolicyVersion).where(
+            PolicyVersion.model_id == self.model.id, PolicyVersion.version == version
+        )
+
+    # ------------------------------------------------------------------ backends
+    def push(
+        self, published: Published, model: torch.nn.Module, *, reference_old: ProbeScores
+    ) -> list[SwapReport]:
+        """Swap every backend to `published`, whose weights `model` holds; backends not at its
+        parent get full weights."""
+        fallback = None
+        if published.update.relative and self._behind(published.parent):
+            fallback = self._full(published.version, model)
+        plan = SwapPlan(
+            model_name=self.model.name,
+            model_id=self.model.id,
+            parent_version=published.parent,
+            new_version=published.version,
+            update=published.update,
+            reference_new=reference_scores(model),
+            reference_old=reference_old,
+            fallback=fallback,
+        )
+        return self.coordinator.push(plan)
+
+    def sync(self, version: int, model: torch.nn.Module) -> list[SwapReport]:
+        """Bring the backends that serve another version to `version` (full weights)."""
+        behind = self._behind(version)
+        if not behind:
+            return []
+        self.log(f"[publish] {len(behind)} backend(s) behind version {version}: full sync")
+        plan = SwapPlan(
+            model_name=self.model.name,
+            model_id=self.model.id,
+            parent_version=version,
+            new_version=version,
+            update=self._full(version, model),
+            reference_new=reference_scores(model),
+        )
+        return [self.coordinator.swap_backend(b, plan) for b in behind]
+
+    def _behind(self, version: int) -> list:
+        with self.sessions() as db:
+            return [
+                b for b in db.scalars(backends_of(self.model.id)) if b.served_version != version
+            ]
+
+    def _full(self, version: int, model: torch.nn.Module) -> FullFile:
+        """The full weights of `version`: its own file when it is full, else an anchor file."""
+        with self.sessions() as db:
+            row = db.scalar(self._row(version))
+        if row is not None and row.kind == FullFile.kind:
+            return FullFile(row.weights_path)
+        anchor = version_file(self.home, self.model.name, version, "anchor")
+        if not anchor.exists():
+            FullFile.write(state_dict(model), anchor)
+        return FullFile(anchor)

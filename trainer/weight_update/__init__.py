@@ -1,0 +1,14 @@
+"""How a policy version's weights reach a backend: one interface (`base.py`) and its methods."""
+
+from .base import Staged, WeightUpdate
+from .files import FILE_KINDS, DeltaFile, FileUpdate, FullFile, stored_update
+
+__all__ = [
+    "FILE_KINDS",
+    "DeltaFile",
+    "FileUpdate",
+    "FullFile",
+    "Staged",
+    "WeightUpdate",
+    "stored_update",
+]

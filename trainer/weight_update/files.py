@@ -1,0 +1,89 @@
+"""Weights as safetensors files in Hugging Face naming, read from a path by the worker extension
+(`trainer/vllm_worker.py`): a delta (theta_new - theta_parent) or full weights."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+
+from trainer.swap.vllm_control import VllmControl
+from trainer.vllm_worker import validate_update
+from trainer.weights import apply_delta, load_full, read_update, write_update
+
+from .base import Staged, WeightUpdate
+
+
+class FileUpdate(WeightUpdate):
+    """A payload file that every backend can read at `path`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
+
+    @classmethod
+    def write(cls, tensors: dict[str, torch.Tensor], path: str | Path) -> Self:
+        write_update(tensors, path)
+        return cls(path)
+
+    @property
+    def nbytes(self) -> int:
+        return Path(self.path).stat().st_size
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return read_update(self.path)
+
+    @classmethod
+    def problems(
+        cls, tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]
+    ) -> list[str]:
+        """What would make the worker refuse these tensors (names, shapes, dtype, NaN)."""
+        return validate_update(tensors, cls.kind, expected)
+
+    @staticmethod
+    @abstractmethod
+    def apply_to(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+        """The same update on a transformers model: the trainer's reference of the version."""
+
+    # ------------------------------------------------------------------ the seam
+    def stage(self, backend: VllmControl) -> Staged:
+        staged = backend.rpc("rlgw_stage", path=self.path, kind=self.kind)
+        nbytes = sum(r.get("bytes", 0) for r in staged if isinstance(r, dict))
+        return Staged(nbytes, staged)
+
+    def apply(self, backend: VllmControl) -> Any:
+        return backend.rpc("rlgw_apply")
+
+    def commit(self, backend: VllmControl) -> None:
+        backend.rpc("rlgw_commit")
+
+    def rollback(self, backend: VllmControl) -> None:
+        backend.rpc("rlgw_rollback")
+
+
+class DeltaFile(FileUpdate):
+    """theta_new - theta_parent for the parameters that changed."""
+
+    kind = "delta"
+    relative = True
+    apply_to = staticmethod(apply_delta)
+
+
+class FullFile(FileUpdate):
+    """Every parameter's new value: installs the version whatever the backend served."""
+
+    kind = "full"
+    relative = False
+    apply_to = staticmethod(load_full)
+
+
+FILE_KINDS: dict[str, type[FileUpdate]] = {cls.kind: cls for cls in (DeltaFile, FullFile)}
+
+
+def stored_update(kind: str, path: str | Path) -> FileUpdate:
+    """The update of a stored version file (`policy_versions.kind`, `.weights_path`)."""
+    return FILE_KINDS[kind](path)
