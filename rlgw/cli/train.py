@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlgw.database import ready_database_url
@@ -37,12 +39,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     pin_trainer(placement)
     engine = make_sync_engine(ready_database_url(settings))
     try:
-        try:
+        with trainer_errors():
             trainer = OnlineTrainer(settings, engine, args.model, config)
-        except LookupError as exc:
-            raise CommandError(str(exc), code=2) from None
         try:
-            trainer.run(poll_s=args.poll_s, max_versions=args.max_versions)
+            with trainer_errors():
+                trainer.run(poll_s=args.poll_s, max_versions=args.max_versions)
         except KeyboardInterrupt:
             info("[train] stopped")
         finally:
@@ -50,6 +51,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     return 0
+
+
+@contextlib.contextmanager
+def trainer_errors() -> Iterator[None]:
+    """The trainer's expected failures (trainer/errors.py) as one line: a wrong model name or
+    bad weights are usage errors (exit 2), the rest exit 1."""
+    from trainer.errors import BadUpdate, TrainerError, UnknownModel
+
+    try:
+        yield
+    except TrainerError as exc:
+        code = 2 if isinstance(exc, UnknownModel | BadUpdate) else 1
+        raise CommandError(str(exc), code=code) from None
 
 
 def pin_trainer(placement: Placement) -> None:
@@ -63,10 +77,10 @@ def pin_trainer(placement: Placement) -> None:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from trainer.push import PushError, push
+    from trainer.push import push
 
     settings = Settings()
-    try:
+    with trainer_errors():
         reports = push(
             settings,
             ready_database_url(settings),
@@ -74,8 +88,6 @@ def cmd_push(args: argparse.Namespace) -> int:
             delta=Path(args.delta) if args.delta else None,
             full_dir=Path(args.full) if args.full else None,
         )
-    except PushError as exc:
-        raise CommandError(f"nothing pushed: {exc}", code=2) from None
     return 0 if reports and all(r.outcome == "swapped" for r in reports) else 1
 
 
