@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from rlgw.db.models import AgentSession, Consumption
+from rlgw.placement import Placement
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
 
@@ -34,6 +35,8 @@ from .parity import reference_scores
 from .publish import Publisher, swap_metrics
 from .samples import build_samples
 from .swap.coordinator import SwapReport
+from .swap.hold import GenerationHold, NoHold
+from .tracking import RunLog, rejected_outputs, version_scalars
 from .update import policy_update
 from .weight_update.files import DeltaFile, FullFile
 from .weights import delta, state_dict
@@ -66,6 +69,8 @@ class OnlineTrainer:
         model_name: str,
         config: TrainerConfig,
         *,
+        placement: Placement | None = None,
+        wandb_project: str | None = None,
         log=print,
     ) -> None:
         self.settings, self.engine, self.model_name, self.config = (
@@ -76,6 +81,7 @@ class OnlineTrainer:
         )
         self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
         self.log = log
+        self.placement = placement or Placement()
         torch.manual_seed(config.seed)
         with database_errors():
             self.publisher = Publisher(settings, engine, model_name, log=log)  # or UnknownModel
@@ -97,12 +103,26 @@ class OnlineTrainer:
         self.optimizer_path = state_path(settings.home, model_name)
         self.log(f"[train] {restore_optimizer(self.optimizer, self.optimizer_path, self.version)}")
         self.log(f"[train] {model_name}: starting from version {self.version}")
+        self.run_log = RunLog(
+            settings.home / "runs" / model_name,
+            wandb_project=wandb_project,
+            config=config.as_dict(),
+            log=log,
+        )
         with database_errors():
             self.sync_backends()
 
     def close(self) -> None:
         self.instance.close()
         self.publisher.close()
+        self.run_log.close()
+
+    def _update_window(self) -> GenerationHold | NoHold:
+        """Where generation stands while this process updates: paused when colocated (it gets
+        the cores, or the device, to itself), running beside it otherwise."""
+        if not self.placement.pauses_generation:
+            return NoHold()
+        return GenerationHold(self.publisher.coordinator, self.publisher.model.id, log=self.log)
 
     def sync_backends(self) -> list[SwapReport]:
         """Bring backends that serve another version to the current one (full weights)."""
@@ -150,41 +170,60 @@ class OnlineTrainer:
                 None, len(claim.session_ids), 0, len(skips), len(claim.session_ids), {}, []
             )
 
-        before = reference_scores(self.model)
-        metrics = policy_update(self.model, self.optimizer, samples, self.config, self.pad_id)
-        returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
-        metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
-        metrics["train_s"] = time.perf_counter() - t0
-        _maybe_crash("crash-before-commit")
+        with self._update_window() as window:
+            before = reference_scores(self.model)
+            metrics = policy_update(self.model, self.optimizer, samples, self.config, self.pad_id)
+            returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
+            metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
+            metrics["train_s"] = time.perf_counter() - t0
+            _maybe_crash("crash-before-commit")
 
-        weights = state_dict(self.model)
-        anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights, no drift
-        payload, kind = (weights, FullFile) if anchor else (delta(weights, self.served), DeltaFile)
-        try:
-            published = self.publisher.record(
-                self.version,
-                payload,
-                kind,
-                metrics={**metrics, "config": self.config.as_dict()},
-                rows=lambda db, version: self._consume(
-                    db, version, samples, skips, claim.session_ids
-                ),
+            weights = state_dict(self.model)
+            anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights: no drift
+            payload, kind = (
+                (weights, FullFile) if anchor else (delta(weights, self.served), DeltaFile)
             )
-        except VersionConflict:
-            with self.sessions() as db, db.begin():
-                unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
-            raise
-        metrics["bytes"] = published.update.nbytes
-        save_optimizer(self.optimizer, self.optimizer_path, published.version)
-        _maybe_crash("crash-after-commit")
+            try:
+                published = self.publisher.record(
+                    self.version,
+                    payload,
+                    kind,
+                    metrics={**metrics, "config": self.config.as_dict()},
+                    rows=lambda db, version: self._consume(
+                        db, version, samples, skips, claim.session_ids
+                    ),
+                )
+            except VersionConflict:
+                with self.sessions() as db, db.begin():
+                    unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
+                raise
+            metrics["bytes"] = published.update.nbytes
+            save_optimizer(self.optimizer, self.optimizer_path, published.version)
+            _maybe_crash("crash-after-commit")
 
-        self.version = published.version
-        self.served = {k: v.clone() for k, v in weights.items()}
-        swaps = self.publisher.push(published, self.model, reference_old=before)
+            self.version = published.version
+            self.served = {k: v.clone() for k, v in weights.items()}
+            window.wake()
+            swaps = self.publisher.push(published, self.model, reference_old=before)
+        if window.report is not None:
+            metrics["hold_s"] = window.report.held_s
+            metrics["hold_drain_s"] = window.report.drain_s
         metrics.update(swap_metrics(swaps))
         metrics["step_s"] = time.perf_counter() - t0
         self.publisher.note(
-            published.version, {k: metrics[k] for k in ("pause_s", "step_s", "swaps")}
+            published.version,
+            {k: metrics[k] for k in ("pause_s", "step_s", "swaps", "hold_s") if k in metrics},
+        )
+        self.run_log.write(
+            published.version,
+            version_scalars(
+                version=published.version,
+                metrics=metrics,
+                samples=samples,
+                skips=skips,
+                outputs=rejected_outputs(trajectories, skips),
+                swaps=swaps,
+            ),
         )
         report = StepReport(
             published.version,

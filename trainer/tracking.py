@@ -38,6 +38,7 @@ UPDATE_METRICS = {  # policy_update's metric -> its tag
     "train_s": "time/train_s",
     "step_s": "time/step_s",
     "pause_s": "time/pause_s",
+    "hold_s": "time/generation_paused_s",  # colocated: generation out of routing for the update
     "bytes": "swap/bytes",
 }
 

@@ -76,7 +76,6 @@ class DemoRun:
         self.stop = threading.Event()
         self.t0 = 0.0
         self.generated = 0  # training groups fully played
-        self.in_flight = 0  # training groups being played
         self.updates: list[dict] = []  # the trainer's metrics, one per version
 
     # ------------------------------------------------------------------ setup
@@ -142,16 +141,11 @@ class DemoRun:
 
         return list(await asyncio.gather(*(one() for _ in range(size))))
 
-    async def agent_loop(self, gw, worker: int, gate: asyncio.Event) -> None:
+    async def agent_loop(self, gw, worker: int) -> None:
         prompts = self.training_prompts(worker)
         while not self.stop.is_set():
-            await gate.wait()  # closed while the synchronous baseline trains
-            self.in_flight += 1
-            try:
-                await self.play(gw, next(prompts), self.options.group_size, train=True)
-                self.generated += 1
-            finally:
-                self.in_flight -= 1
+            await self.play(gw, next(prompts), self.options.group_size, train=True)
+            self.generated += 1
 
     async def evaluate(self, gw) -> float:
         version = self.trainer.version  # the latest committed version (swaps follow within ~1 s)
@@ -197,7 +191,9 @@ class DemoRun:
             config = TrainerConfig(batch_sessions=batch, min_sessions=batch, lr=o.lr, seed=o.seed)
             app = create_app(self.gateway_settings())
             with GatewayThread(app, o.gateway_port or free_port()) as gateway:
-                trainer = OnlineTrainer(self.settings, engine, self.model_name, config)
+                trainer = OnlineTrainer(
+                    self.settings, engine, self.model_name, config, placement=o.placement
+                )
                 self.trainer = trainer
                 try:
                     asyncio.run(self.drive(gateway.url, trainer))
@@ -217,32 +213,24 @@ class DemoRun:
             self.t0 = time.monotonic()
             deadline = self.t0 + o.minutes * 60
             await self.evaluate(gw)
-            gate = asyncio.Event()
-            gate.set()
-            agents = [asyncio.create_task(self.agent_loop(gw, i, gate)) for i in range(o.agents)]
+            agents = [asyncio.create_task(self.agent_loop(gw, i)) for i in range(o.agents)]
             next_eval = time.monotonic() + o.eval_every_s
-            training = None
-            timeshared = o.placement.pauses_generation
-            if not timeshared:  # the trainer runs beside the agents
-                training = threading.Thread(
-                    target=self._train_until_stopped, args=(trainer,), daemon=True
-                )
-                training.start()
+            # One loop in every placement: a colocated trainer pauses generation itself (at the
+            # gateway) while it updates; the agents' requests wait there meanwhile.
+            training = threading.Thread(
+                target=self._train_until_stopped, args=(trainer,), daemon=True
+            )
+            training.start()
             while time.monotonic() < deadline:
-                if timeshared:
-                    await self._sync_round(trainer, gate, deadline)
-                else:
-                    await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)
                 if time.monotonic() >= next_eval and time.monotonic() < deadline:
                     await self.evaluate(gw)
                     next_eval = time.monotonic() + o.eval_every_s
             self.stop.set()
-            gate.set()
             for task in agents:
                 task.cancel()
             await asyncio.gather(*agents, return_exceptions=True)
-            if training is not None:
-                training.join(timeout=120)
+            training.join(timeout=120)
             await self.evaluate(gw)
 
     def _train_until_stopped(self, trainer) -> None:
@@ -255,18 +243,6 @@ class DemoRun:
         if report is not None and report.version is not None:
             self.updates.append(report.metrics)
         return report
-
-    async def _sync_round(self, trainer, gate: asyncio.Event, deadline: float) -> None:
-        """Generate one update's worth of groups, stop generating, train and swap, resume."""
-        target = self.generated + self.options.groups_per_update
-        while self.generated < target and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        gate.clear()
-        while self.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        while await asyncio.to_thread(self._train_once, trainer) is not None:
-            pass
-        gate.set()
 
     # ------------------------------------------------------------------ results
     def trainer_throughput(self) -> dict:

@@ -30,17 +30,24 @@ TRAIN_FLAGS: dict[str, type] = {
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    placement = placement_from(args)
+    pin_trainer(placement)  # before the heavy imports start threads
     from trainer.config import TrainerConfig
     from trainer.service import OnlineTrainer
 
     settings = Settings()
     config = TrainerConfig(**{k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None})
-    placement = placement_from(args)
-    pin_trainer(placement)
     engine = make_sync_engine(ready_database_url(settings))
     try:
         with trainer_errors():
-            trainer = OnlineTrainer(settings, engine, args.model, config)
+            trainer = OnlineTrainer(
+                settings,
+                engine,
+                args.model,
+                config,
+                placement=placement,
+                wandb_project=args.wandb,
+            )
         try:
             with trainer_errors():
                 trainer.run(poll_s=args.poll_s, max_versions=args.max_versions)
@@ -109,4 +116,11 @@ def add_commands(add) -> None:
             default=None,
             help=f"TrainerConfig.{flag} (see trainer/config.py)",
         )
+    p.add_argument(
+        "--wandb",
+        default=None,
+        metavar="PROJECT",
+        help="also log each version to this Weights & Biases project (needs `pip install "
+        "wandb`); TensorBoard event files are always written under RLGW_HOME/runs/MODEL",
+    )
     add_placement_flags(p)

@@ -11,7 +11,7 @@ from rlgw.backend_launcher import AUTO, start_backend, stop_backend, wait_health
 from rlgw.database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
-from rlgw.placement import Placement
+from rlgw.placement import Placement, pinned_argv
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
 
@@ -102,7 +102,7 @@ def run_up(
             allowlist=settings.backend_allowlist,
         )
         engine.dispose()
-        trainer = start_trainer(settings, model, placement_argv(placement))
+        trainer = start_trainer(settings, model, placement)
         info(_banner(settings, model))
         try:
             run_gateway(settings)
@@ -115,14 +115,19 @@ def run_up(
     return 0
 
 
-def start_trainer(settings: Settings, model: str, flags: list[str]) -> subprocess.Popen:
-    """`rlgw train --model M FLAGS` in its own process group, logging under <home>/logs."""
+def start_trainer(settings: Settings, model: str, placement: Placement) -> subprocess.Popen:
+    """`rlgw train --model M` with this placement, in its own process group (pinned from birth
+    when separated), logging under <home>/logs."""
     log_path = settings.home / "logs" / "trainer.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     info(f"[rlgw] starting the trainer (log: {log_path})")
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "rlgw.cli", "train", "--model", model, *flags],
+            pinned_argv(
+                [sys.executable, "-m", "rlgw.cli", "train", "--model", model]
+                + placement_argv(placement),
+                placement.cpus("trainer"),
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -103,7 +103,7 @@ class SwapCoordinator:
         self.log = log
 
     # ---------------------------------------------------------------- registry
-    def _set(self, backend_id: int, state: str, reason: str | None = None, **kw) -> None:
+    def set_state(self, backend_id: int, state: str, reason: str | None = None, **kw) -> None:
         with self.sessions() as db, db.begin():
             db.execute(bs.set_state(backend_id, state, reason, **kw))
             db.execute(bs.NOTIFY, bs.notify_args(backend_id))
@@ -166,7 +166,7 @@ class SwapCoordinator:
         t_out, mono_out = time.perf_counter(), time.monotonic()
         report.staged_out_of_routing = self._another_serves(backend)
         if report.staged_out_of_routing:
-            self._set(backend.id, bs.DRAINING, f"staging version {plan.new_version}")
+            self.set_state(backend.id, bs.DRAINING, f"staging version {plan.new_version}")
         try:
             mono_stage = time.monotonic()
             staged = self._step(report, "stage", update.stage, vllm)
@@ -174,7 +174,7 @@ class SwapCoordinator:
         except (ControlError, httpx.HTTPError) as exc:
             report.outcome, report.reason = "refused", f"update refused: {exc}"
             if report.staged_out_of_routing:  # nothing was touched: serve as before
-                self._set(backend.id, bs.ACTIVE, f"version {plan.new_version} refused: {exc}")
+                self.set_state(backend.id, bs.ACTIVE, f"version {plan.new_version} refused: {exc}")
             return
         report.bytes_shipped = staged.nbytes
         if not report.staged_out_of_routing:
@@ -191,14 +191,16 @@ class SwapCoordinator:
             self._serve_old_again(vllm, update, backend, plan, report, str(exc), outcome="refused")
         except SwapFailed as exc:
             report.outcome, report.reason = "failed", str(exc)
-            self._set(backend.id, bs.FAILED, f"swap to version {plan.new_version} failed: {exc}")
+            self.set_state(
+                backend.id, bs.FAILED, f"swap to version {plan.new_version} failed: {exc}"
+            )
             _label_failed(vllm, plan)
             if not exc.leave_paused:
                 with contextlib.suppress(ControlError, httpx.HTTPError):
                     vllm.resume()
         except (ControlError, httpx.HTTPError) as exc:  # weights in an unknown state
             report.outcome, report.reason = "failed", f"{type(exc).__name__}: {exc}"
-            self._set(
+            self.set_state(
                 backend.id,
                 bs.FAILED,
                 f"swap to version {plan.new_version} failed, weights unknown: {exc}",
@@ -218,7 +220,7 @@ class SwapCoordinator:
     def _drain(
         self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport
     ) -> None:
-        self._set(backend.id, bs.DRAINING, f"swap to version {plan.new_version}")
+        self.set_state(backend.id, bs.DRAINING, f"swap to version {plan.new_version}")
         deadline = time.perf_counter() + self.drain_timeout_s
         t0 = time.perf_counter()
         idle = False
@@ -229,7 +231,9 @@ class SwapCoordinator:
             time.sleep(0.02)
         report.steps["drain"] = time.perf_counter() - t0
         # Bump the epoch before pausing: a request that still slips in is excluded from training.
-        self._set(backend.id, bs.PAUSED, f"applying version {plan.new_version}", bump_epoch=True)
+        self.set_state(
+            backend.id, bs.PAUSED, f"applying version {plan.new_version}", bump_epoch=True
+        )
         self._step(report, "pause", vllm.pause, "wait" if idle else "abort")
 
     def _apply(self, vllm: VllmControl, update: WeightUpdate, report: SwapReport) -> None:
@@ -248,7 +252,7 @@ class SwapCoordinator:
         plan: SwapPlan,
         report: SwapReport,
     ) -> None:
-        self._set(backend.id, bs.VERIFYING, f"checking parity of version {plan.new_version}")
+        self.set_state(backend.id, bs.VERIFYING, f"checking parity of version {plan.new_version}")
         served = self._step(
             report, "parity", update.verify, vllm, plan.model_name, plan.new_version
         )
@@ -263,7 +267,7 @@ class SwapCoordinator:
                     f"backend reports weight version {reported!r}, not {label!r}",
                     leave_paused=False,
                 )
-            self._set(backend.id, bs.ACTIVE, None, served_version=plan.new_version)
+            self.set_state(backend.id, bs.ACTIVE, None, served_version=plan.new_version)
             report.outcome = "swapped"
             return
         reason = (
@@ -313,7 +317,7 @@ class SwapCoordinator:
             raise SwapFailed(
                 f"{reason}; the restored weights fail parity ({old_diff:.3g})", leave_paused=True
             )
-        self._set(
+        self.set_state(
             backend.id, bs.ACTIVE, f"{reason}; kept version {backend.served_version} (verified)"
         )
         report.outcome, report.reason = outcome, reason

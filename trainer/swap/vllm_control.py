@@ -32,6 +32,14 @@ class VllmControl:
     def resume(self) -> None:
         self._post("/resume")
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (GPU: level 1 moves the weights to host memory and frees the KV
+        cache; level 2 drops both). A no-op on the CPU build. `wait`: never cut a request."""
+        self._post("/sleep", params={"level": level, "mode": "wait"})
+
+    def wake_up(self) -> None:
+        self._post("/wake_up")
+
     def reset_prefix_cache(self) -> None:
         # Cached KV blocks were computed with the old weights.
         self._post("/reset_prefix_cache")

@@ -1,0 +1,220 @@
+"""Placements end to end at small scale (real vLLM, real Postgres): a colocated trainer pauses
+generation at the gateway while it updates, and no request fails or carries the wrong version; a
+separated backend and trainer run on disjoint cores, read back from the processes themselves."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from gateway.main import create_app
+from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
+from rlgw.db.engine import make_sync_engine, sync_session_factory
+from rlgw.db.migrate import upgrade
+from rlgw.db.models import Backend, Consumption
+from rlgw.placement import Placement
+from rlgw.registry import register_backend
+from trainer.config import TrainerConfig
+from trainer.service import OnlineTrainer
+from trainer.swap.hold import HOLD_REASON
+
+from conftest import ADMIN_KEY, MODEL_NAME, LiveServer, free_port, gateway_settings
+from swap_helpers import output_logprobs
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+class Stack:
+    def __init__(self, db_url: str, gateway: str, home: Path, backend: str) -> None:
+        self.db_url, self.gateway, self.home, self.backend = db_url, gateway, home, backend
+        self.settings = gateway_settings(db_url).model_copy(update={"home": home})
+        self.http = httpx.Client(base_url=gateway, timeout=120)
+        self.admin = httpx.Client(base_url=gateway, timeout=60, headers={"X-Admin-Key": ADMIN_KEY})
+
+    def episode(self, reward: float) -> str:
+        s = self.http.post("/v1/sessions", json={}).json()
+        openai.OpenAI(base_url=s["base_url"], api_key="unused").chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "Say A"}], max_tokens=6
+        )
+        self.http.post(f"/v1/sessions/{s['id']}/rewards", json={"value": reward})
+        self.http.post(f"/v1/sessions/{s['id']}/close")
+        return s["id"]
+
+
+def make_stack(make_database, model_dir: Path, home: Path, placement: Placement):
+    db_url = make_database()
+    upgrade(db_url)
+    port = free_port()
+    proc = start_backend(
+        model_dir,
+        port,
+        served_model_name=MODEL_NAME,
+        log_path=home / f"vllm-{port}.log",
+        placement=placement,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout_s=420, proc=proc)
+        httpx.post(
+            f"{url}/v1/completions",
+            timeout=300,
+            json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 4},
+        )
+        engine = make_sync_engine(db_url)
+        register_backend(sync_session_factory(engine), MODEL_NAME, url, model_path=str(model_dir))
+        engine.dispose()
+    except BaseException:
+        stop_backend(proc)
+        raise
+    return db_url, proc, url
+
+
+@pytest.fixture(scope="module")
+def colocated(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Stack]:
+    home = tmp_path_factory.mktemp("colocated")
+    db_url, proc, url = make_stack(make_database, tiny_model_dir, home, Placement("colocated"))
+    try:
+        with LiveServer(create_app(gateway_settings(db_url)), free_port()) as gw:
+            yield Stack(db_url, gw.url, home, url)
+    finally:
+        stop_backend(proc)
+
+
+def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Stack):
+    for reward in (1.0, 0.0, 1.0, 0.0):
+        colocated.episode(reward)
+    trainer = OnlineTrainer(
+        colocated.settings,
+        make_sync_engine(colocated.db_url),
+        MODEL_NAME,
+        TrainerConfig(lr=1e-2, batch_sessions=8),
+        placement=Placement("colocated"),
+    )
+    before = copy.deepcopy(trainer.model)
+    states: list[tuple[str, str | None]] = []
+    replies: list[str] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+    client = openai.OpenAI(base_url=f"{colocated.gateway}/v1", api_key="unused", max_retries=0)
+
+    def traffic() -> None:
+        while not done.is_set():
+            try:
+                reply = client.chat.completions.create(
+                    model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+                replies.append(reply.id)
+            except BaseException as exc:  # a failed request is what this test must not see
+                errors.append(exc)
+
+    def watch() -> None:
+        with Session(create_engine(colocated.db_url)) as db:
+            while not done.is_set():
+                row = db.execute(select(Backend.state, Backend.state_reason)).first()
+                states.append(tuple(row))
+                db.rollback()
+                time.sleep(0.01)
+
+    workers = [threading.Thread(target=traffic) for _ in range(2)] + [
+        threading.Thread(target=watch)
+    ]
+    for w in workers:
+        w.start()
+    time.sleep(0.5)
+    report = trainer.step()
+    time.sleep(0.5)
+    done.set()
+    for w in workers:
+        w.join(timeout=120)
+    trainer.close()
+
+    assert report is not None and report.version is not None
+    assert [s.outcome for s in report.swaps] == ["swapped"]
+    assert report.metrics["hold_s"] > 0
+    assert ("draining", HOLD_REASON) in states  # generation was out of routing for the update
+    assert states[-1] == ("active", None)  # and came back
+    assert not errors, errors[:3]
+    assert replies
+    references = {report.version - 1: before, report.version: trainer.model}
+    for completion_id in replies:  # every stamped version is the one that produced the tokens
+        record = colocated.admin.get(f"/admin/completions/{completion_id}").json()
+        assert record["status"] == "complete", record
+        if not record["eligible"]:
+            assert "swap" in record["eligibility_reason"], record  # crossed one: excluded
+            continue
+        expected = output_logprobs(
+            references[record["policy_version"]],
+            record["prompt_token_ids"],
+            record["output_token_ids"],
+        )
+        diffs = [abs(a - b) for a, b in zip(expected, record["output_logprobs"], strict=True)]
+        assert max(diffs) < 1e-4, (record["policy_version"], max(diffs))
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="a separated placement needs 2 CPUs")
+def test_separated_backend_and_trainer_run_on_disjoint_cores(
+    make_database, tiny_model_dir, tmp_path
+):
+    placement = Placement.choose("separated")
+    db_url, proc, url = make_stack(make_database, tiny_model_dir, tmp_path, placement)
+    try:
+        group = [
+            int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _pgid(int(pid)) == proc.pid
+        ]
+        assert group, "no vLLM process found"
+        for pid in group:  # the server and every engine process it spawned
+            assert os.sched_getaffinity(pid) == placement.backend_cpus, pid
+        with LiveServer(create_app(gateway_settings(db_url)), free_port()) as gw:
+            stack = Stack(db_url, gw.url, tmp_path, url)
+            sessions = [stack.episode(r) for r in (1.0, 0.0)]
+            env = {**os.environ, "RLGW_DATABASE_URL": db_url, "RLGW_HOME": str(tmp_path)}
+            trainer = subprocess.Popen(
+                [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+                + ["--max-versions", "1", "--placement", "separated"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            lines: list[str] = []
+            reader = threading.Thread(target=lambda: lines.extend(trainer.stderr), daemon=True)
+            reader.start()
+            seen: set[int] = set()
+            while trainer.poll() is None:  # from its placement line on, until it exits
+                if any("[train] placement" in line for line in lines):
+                    try:
+                        seen |= os.sched_getaffinity(trainer.pid)
+                    except ProcessLookupError:
+                        break
+                time.sleep(0.05)
+            out = trainer.stdout.read()
+            trainer.wait(timeout=300)
+            reader.join(timeout=10)
+            err = "".join(lines)
+            assert trainer.returncode == 0, out + err
+    finally:
+        stop_backend(proc)
+    assert seen == placement.trainer_cpus and not seen & placement.backend_cpus
+    assert f"{len(placement.trainer_cpus)} torch threads" in err
+    with Session(create_engine(db_url)) as db:
+        consumed = {c.session_id for c in db.scalars(select(Consumption)) if c.used}
+    assert consumed == set(sessions)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
