@@ -16,7 +16,7 @@ from gateway.lineage import request_sequence
 from gateway.recording import CompletionRecord, Recorder
 from rlgw.db.engine import make_async_engine
 from rlgw.db.migrate import upgrade
-from rlgw.embedded_pg import to_libpq_uri, to_sqlalchemy_url
+from rlgw.db.urls import to_libpq_uri, to_sqlalchemy_url
 
 BODY = {
     "model": "tiny",

@@ -25,7 +25,7 @@ from gateway.recording import DOUBTFUL_REASON
 from gateway.routing import CROSSED_SWAP
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
-from rlgw.embedded_pg import to_libpq_uri
+from rlgw.db.urls import to_libpq_uri
 from rlgw.registry import register_backend
 
 from auth_helpers import TOKEN_SECRET, mint_key
