@@ -60,10 +60,6 @@ class Caller:
     session_id: str | None = None  # set for a session token: the one session it may touch
     scopes: frozenset[str] = field(default_factory=lambda: frozenset(SCOPES))
 
-    def sees(self, session_tenant: str | None) -> bool:
-        """Whether a session of `session_tenant` exists for this caller."""
-        return self.tenant is None or session_tenant == self.tenant
-
     def require_unscoped(self, action: str) -> None:
         """Routes that are not about one session: never with a session token."""
         if self.session_id is not None:

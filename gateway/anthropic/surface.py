@@ -45,9 +45,6 @@ class MessagesSurface(Surface):
     def shaper(self, assembly: StreamAssembly, record_id: str) -> StreamShaper:
         return MessagesStream(self, assembly, record_id)
 
-    def error_response(self, exc: APIError) -> JSONResponse:
-        return exc.anthropic_response()
-
     def relay_error(self, status: int, content: bytes, headers: dict[str, str]) -> JSONResponse:
         message, _ = backend_error_message(status, content)
         return APIError(

@@ -171,11 +171,6 @@ class StreamAssembly:
             self.choices[index].tokens.prompt_token_ids = self.prompt_token_ids
         return self.choices[index]
 
-    @property
-    def tokens(self) -> Extracted:
-        """The token view of choice 0 (the only one unless n > 1)."""
-        return self.choice(0).tokens
-
     def finished(self, n: int) -> bool:
         return all(self.choice(i).tokens.finish_reason for i in range(n))
 

@@ -126,9 +126,6 @@ class Surface:
     def shaper(self, assembly: StreamAssembly, record_id: str) -> StreamShaper:
         return StreamShaper(self, assembly, record_id)
 
-    def error_response(self, exc: APIError) -> JSONResponse:
-        return exc.response()
-
     def relay_error(self, status: int, content: bytes, headers: dict[str, str]) -> JSONResponse:
         """Pass a backend's 4xx through in the OpenAI envelope; a backend 5xx becomes a 502."""
         message, payload = backend_error_message(status, content)
