@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, Header, Request
 
 from rlgw.settings import Settings
 
-from ..auth import Caller, CallerDep
-from ..deps import ContextDep, header_session_id
+from ..auth import Caller
+from ..deps import CallerDep, ContextDep, header_session_id
 from ..errors import OPENAI_TAG, APIError
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .shaping import CHAT, COMPLETIONS

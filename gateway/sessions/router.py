@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 
 from rlgw.trajectory import RewardOut, Trajectory, load_trajectory
 
-from ..auth import DEFAULT_TOKEN_SCOPES, SCOPES, CallerDep
-from ..deps import ContextDep, DbDep
+from ..auth import DEFAULT_TOKEN_SCOPES, SCOPES
+from ..deps import CallerDep, ContextDep, DbDep
 from ..errors import APIError, ErrorResponse
 from . import service
 from .protocol import ID_PATTERN, RewardCreate, SessionCreate, SessionDetail, SessionPublic
