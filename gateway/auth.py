@@ -79,6 +79,13 @@ class Caller:
             )
 
 
+def tenant_sees(tenant: str | None, owner: str | None) -> bool:
+    """Whether a caller of `tenant` sees a session or group owned by `owner`: every one with auth
+    off (`tenant` None), else only its own tenant's (another tenant's session is reported missing,
+    its group id unavailable)."""
+    return tenant is None or owner == tenant
+
+
 @dataclass(frozen=True)
 class KeyInfo:
     id: str

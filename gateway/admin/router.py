@@ -13,6 +13,7 @@ from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 
 from ..deps import AdminDep, DbDep
 from ..errors import APIError
+from ..ids import COMPLETION_ID_PATTERN
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 
@@ -83,7 +84,7 @@ class CompletionPublic(BaseModel):
 
 @router.get("/completions/{completion_id}", response_model=CompletionPublic)
 async def read_completion(
-    completion_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")], db: DbDep
+    completion_id: Annotated[str, Path(pattern=COMPLETION_ID_PATTERN)], db: DbDep
 ) -> CompletionPublic:
     row = await db.get(Completion, completion_id)
     if row is None:

@@ -10,20 +10,20 @@ from pydantic import BaseModel, Field, field_validator
 
 from rlgw.trajectory import RewardOut
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-COMPLETION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+from ..ids import COMPLETION_ID_PATTERN, GROUP_ID_PATTERN, SESSION_ID_PATTERN
+
 PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 
 
 class SessionCreate(BaseModel):
     id: str | None = Field(
         default=None,
-        pattern=ID_PATTERN,
+        pattern=SESSION_ID_PATTERN,
         description="Your own id for the session; generated when absent.",
     )
     group_id: str | None = Field(
         default=None,
-        pattern=ID_PATTERN,
+        pattern=GROUP_ID_PATTERN,
         description="Sessions sharing a group id are normalized together.",
     )
     group_size: int | None = Field(

@@ -14,6 +14,7 @@ from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
 from rlgw.settings import Settings
 from rlgw.trajectory import DEFAULT_SIBLING_NORMALIZATION, RewardOut
 
+from ..auth import tenant_sees
 from ..errors import APIError, session_not_found
 from .protocol import CompletionSummary, RewardCreate, SessionCreate, SessionDetail, SessionPublic
 
@@ -23,8 +24,8 @@ def _not_found(session_id: str) -> APIError:
 
 
 def _visible(session: AgentSession | None, tenant: str | None) -> bool:
-    """A session exists for a caller of `tenant` (None: auth off, every session does)."""
-    return session is not None and (tenant is None or session.tenant == tenant)
+    """A session exists for a caller of `tenant`."""
+    return session is not None and tenant_sees(tenant, session.tenant)
 
 
 async def visible_session(db: AsyncSession, session_id: str, tenant: str | None) -> AgentSession:
@@ -70,7 +71,7 @@ async def _join_group(
             select(SessionGroup).where(SessionGroup.id == body.group_id).with_for_update()
         )
     ).scalar_one()
-    if tenant is not None and group.tenant != tenant:
+    if not tenant_sees(tenant, group.tenant):
         # Another tenant's sessions would share (and skew) its reward normalization.
         raise APIError(
             409,
