@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 async def link_into_session(
     db: AsyncConnection, session_id: str, new: list[CompletionRecord]
 ) -> None:
-    """Give each new record its parent and orphan flag; re-flag earlier completions that changed."""
+    """Give each new record its parent, its orphan reason and its session's status; re-mark the
+    earlier completions whose orphan reason changed."""
     status = (
         await db.execute(
             select(AgentSession.status).where(AgentSession.id == session_id).with_for_update()
@@ -35,7 +36,6 @@ async def link_into_session(
                 Completion.continuation_hash,
                 Completion.continuation_len,
                 Completion.sibling_group,
-                Completion.is_orphan,
                 Completion.orphan_reason,
             ).where(Completion.session_id == session_id)
         )
@@ -56,19 +56,14 @@ async def link_into_session(
                 rec.sibling_group,
             )
         )
-        if status != "open":
-            rec.exclusion_reason = f"session was {status} before this completion was recorded"
+        rec.session_status = status  # a session no longer open excludes it from training
     reasons = resolve_orphans(rows)
     for rec in new:
         rec.orphan_reason = reasons[rec.id]
-        rec.is_orphan = rec.orphan_reason is not None
     for completion_id, old_reason in before.items():
         if reasons[completion_id] != old_reason:
             await db.execute(
                 update(Completion)
                 .where(Completion.id == completion_id)
-                .values(
-                    is_orphan=reasons[completion_id] is not None,
-                    orphan_reason=reasons[completion_id],
-                )
+                .values(orphan_reason=reasons[completion_id])
             )

@@ -13,7 +13,7 @@ A retry after a connection failure first settles the earlier attempt, whose COMM
 landed: it locks the batch's session rows (waiting out a transaction the server is still
 finishing), then skips the records already stored, so nothing is stored twice. A record given up
 on after such a failure may still have been committed by its last attempt although its caller was
-told it failed: once the database answers again it is marked ineligible (`DOUBTFUL_REASON`). Until
+told it failed: once the database answers again it is marked ineligible (`DOUBTFUL_COMMIT`). Until
 then its id is kept in a file journal (`doubtful_journal.py`), so a gateway stopped meanwhile
 leaves the marking to the next one.
 """
@@ -31,15 +31,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rlgw.db.faults import DatabaseUnavailable, is_connection_error, is_timeout
 from rlgw.db.token_arrays import pack_ids, pack_logprobs
-from rlgw.evidence import evidence_problem
+from rlgw.eligibility import ineligible_reasons
 
 from .doubtful_journal import DoubtfulJournal
 from .errors import APIError, database_timeout, database_unavailable
-from .record_store import mark_ineligible, store_batch
+from .record_store import mark_doubtful, store_batch
 
 log = logging.getLogger("rlgw.recording")
 
-DOUBTFUL_REASON = "the database failed during its commit and the client was told the call failed"
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
 _MIN_ATTEMPT_S = 2.0  # an attempt is cut off at the record's deadline, but never sooner than this
@@ -80,28 +79,16 @@ class CompletionRecord:
     continuation_hash: str | None = None
     continuation_len: int | None = None
     parent_id: str | None = None
-    is_orphan: bool = False
     orphan_reason: str | None = None
-    # Why training must not use it although its evidence is complete (session closed meanwhile,
-    # or the request crossed a weight swap).
-    exclusion_reason: str | None = None
-    # The backend's swap epoch when the request was leased. A record excluded as NOT_FOLLOWING
-    # (finished while the gateway was not following the registry) is settled at its write by
-    # comparing it with the epoch in the registry.
+    # Facts training eligibility depends on besides the evidence (rlgw/eligibility.py): the named
+    # session's status when the record was linked into it, and the swap doubt when the request
+    # finished (CROSSED_SWAP, or NOT_FOLLOWING until the writer settles it against the registry
+    # by comparing `lease_epoch`, the backend's swap epoch when the request was leased).
+    session_status: str | None = None
+    swap_doubt: str | None = None
     lease_epoch: int | None = None
 
     def row(self) -> dict[str, Any]:
-        problem = (
-            evidence_problem(
-                status=self.status,
-                finish_reason=self.finish_reason,
-                policy_version=self.policy_version,
-                prompt_token_ids=self.prompt_token_ids,
-                output_token_ids=self.output_token_ids,
-                output_logprobs=self.output_logprobs,
-            )
-            or self.exclusion_reason
-        )
         return {
             "id": self.id,
             "session_id": self.session_id,
@@ -123,14 +110,21 @@ class CompletionRecord:
             "request": self.request,
             "response": self.response,
             "backend_request": self.backend_request,
-            "eligible": problem is None,
-            "eligibility_reason": problem,
+            "ineligible_reasons": ineligible_reasons(
+                status=self.status,
+                finish_reason=self.finish_reason,
+                policy_version=self.policy_version,
+                prompt_token_ids=self.prompt_token_ids,
+                output_token_ids=self.output_token_ids,
+                output_logprobs=self.output_logprobs,
+                session_status=self.session_status,
+                swap_doubt=self.swap_doubt,
+            ),
             "retry_group": self.retry_group,
             "sibling_group": self.sibling_group,
             "continuation_hash": self.continuation_hash,
             "continuation_len": self.continuation_len,
             "parent_id": self.parent_id,
-            "is_orphan": self.is_orphan,
             "orphan_reason": self.orphan_reason,
             "created_at": self.created_at,
             "finished_at": self.finished_at,
@@ -368,7 +362,7 @@ class Recorder:
         doubtful = dict(self._doubtful)
         try:
             async with asyncio.timeout(_MIN_ATTEMPT_S):
-                ids = await mark_ineligible(self._engine, doubtful, DOUBTFUL_REASON)
+                ids = await mark_doubtful(self._engine, doubtful)
         except Exception as exc:
             log.warning(
                 "could not mark %d doubtful completion(s) yet: %s", len(doubtful), _describe(exc)

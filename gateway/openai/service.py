@@ -80,10 +80,9 @@ class _Call:
                 # one: its output was cut, so the record must not look complete.
                 rec.status = "incomplete"
                 rec.status_reason = "the backend aborted the generation (finish_reason abort)"
-            if doubt:
-                # Its tokens may come from two weight versions: never train on a guessed label.
-                # Not following: the recorder settles it against the registry when it writes.
-                rec.exclusion_reason = doubt
+            # Its tokens may come from two weight versions: never train on a guessed label.
+            # Not following: the recorder settles it against the registry when it writes.
+            rec.swap_doubt = doubt
             rec.latency_ms = latency
             rec.finished_at = finished
             if rec.response is not None:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from rlgw.trajectory import RewardOut
+from rlgw.trajectory import RecordVerdict, RewardOut
 
 from ..ids import COMPLETION_ID_PATTERN, GROUP_ID_PATTERN, SESSION_ID_PATTERN
 
@@ -70,15 +70,11 @@ class SessionPublic(BaseModel):
     closed_at: datetime | None
 
 
-class CompletionSummary(BaseModel):
+class CompletionSummary(RecordVerdict):
     id: str
     status: str
     finish_reason: str | None
     policy_version: int | None
-    eligible: bool
-    eligibility_reason: str | None
-    is_orphan: bool
-    orphan_reason: str | None
     retry_group: str | None
     sibling_group: str | None
     parent_id: str | None

@@ -135,9 +135,7 @@ async def session_detail(
                 Completion.status,
                 Completion.finish_reason,
                 Completion.policy_version,
-                Completion.eligible,
-                Completion.eligibility_reason,
-                Completion.is_orphan,
+                Completion.ineligible_reasons,
                 Completion.orphan_reason,
                 Completion.retry_group,
                 Completion.sibling_group,
@@ -148,7 +146,7 @@ async def session_detail(
             .order_by(Completion.created_at, Completion.id)
         )
     ).all()
-    orphans = {c.id for c in completions if c.is_orphan}
+    orphans = {c.id for c in completions if c.orphan_reason is not None}
     rewards = (
         await db.scalars(select(Reward).where(Reward.session_id == session_id).order_by(Reward.id))
     ).all()
@@ -196,7 +194,7 @@ async def _final_completion(db: AsyncSession, session_id: str) -> str:
     """The session's final kept completion. When the last request asked for several choices
     (n > 1) and the conversation went on from none of them, "final" names no single completion:
     the reward must name the sibling it is for."""
-    kept = Completion.session_id == session_id, Completion.is_orphan.is_(False)
+    kept = Completion.session_id == session_id, Completion.orphan_reason.is_(None)
     final = (
         await db.execute(
             select(Completion.id, Completion.sibling_group)
@@ -240,7 +238,7 @@ async def _target_completion(db: AsyncSession, session_id: str, completion_id: s
             code="completion_not_found",
             param="completion_id",
         )
-    if target.is_orphan:
+    if target.orphan_reason is not None:
         raise APIError(
             409,
             f"completion {completion_id} is a retry orphan "
@@ -257,7 +255,7 @@ async def _counts(db: AsyncSession, reward: Reward) -> bool:
     if reward.completion_id is None:
         return True
     target = await db.get(Completion, reward.completion_id)
-    return target is None or not target.is_orphan
+    return target is None or target.orphan_reason is None
 
 
 async def add_reward(
