@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # the services import nothing of the app's wiring: no import 
     from .auth import AuthService
     from .limits import Limiter
     from .openai.service import ProxyService
-    from .recording import Recorder
+    from .recording.recorder import Recorder
     from .routing import BackendPool
 
 

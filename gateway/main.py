@@ -23,13 +23,13 @@ from .backend_events import follow_registry
 from .backend_health import watch_backends
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
-from .doubtful_journal import DoubtfulJournal, journal_directory
 from .errors import install_error_handlers
 from .health import router as health_router
 from .limits import Limiter, ReleaseSlots
 from .openai.router import router as openai_router
 from .openai.service import ProxyService
-from .recording import Recorder
+from .recording.doubtful_journal import DoubtfulJournal, journal_directory
+from .recording.recorder import Recorder
 from .responses.router import router as responses_router
 from .routing import BackendPool
 from .sessions.router import router as sessions_router

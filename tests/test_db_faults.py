@@ -491,7 +491,7 @@ def test_a_doubtful_commit_is_still_marked_after_the_gateway_restarts(
             _chat(first.client())
         completion_id = failed.value.response.headers["x-completion-id"]
         assert proxy.trap_sprung.is_set()
-        journal = first.recorder._journal
+        journal = first.recorder._doubtful.journal
     (journal_file,) = journal.directory.glob("*.jsonl")
     assert completion_id in journal_file.read_text()
     eligible = "SELECT ineligible_reasons = '{}' FROM completions WHERE id = %s"

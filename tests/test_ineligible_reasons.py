@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from gateway.main import create_app
-from gateway.record_store import mark_doubtful
+from gateway.recording.store import mark_doubtful
 from rlgw.db.engine import make_async_engine
 from rlgw.db.urls import to_libpq_uri
 from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, session_reason

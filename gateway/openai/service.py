@@ -17,9 +17,10 @@ import anyio
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .. import lineage
 from ..errors import APIError
-from ..recording import CompletionRecord, Recorder
+from ..recording import lineage
+from ..recording.record import CompletionRecord
+from ..recording.recorder import Recorder
 from ..routing import BackendPool, Lease
 from ..session_binding import implicit_session_id, open_session
 from .fastjson import FastJSONResponse, loads

@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.lineage import LineageRow, find_parent, resolve_orphans, sequence_hash
 from gateway.openai.shaping import (
     CHAT,
     StreamAssembly,
@@ -16,6 +15,7 @@ from gateway.openai.shaping import (
     only_choice,
     sibling_id,
 )
+from gateway.recording.lineage import LineageRow, find_parent, resolve_orphans, sequence_hash
 from rlgw.trajectory import Step, sibling_groups
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

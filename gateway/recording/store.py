@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects.postgresql import Insert, insert
@@ -15,9 +15,7 @@ from rlgw.db.models import AgentSession, Backend, Completion
 from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, NOT_FOLLOWING, add_reason
 
 from .lineage_store import link_into_session
-
-if TYPE_CHECKING:
-    from .recording import CompletionRecord
+from .record import CompletionRecord
 
 log = logging.getLogger("rlgw.recording")
 

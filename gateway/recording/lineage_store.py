@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from rlgw.db.models import AgentSession, Completion
 
 from .lineage import LineageRow, find_parent, resolve_orphans
-
-if TYPE_CHECKING:
-    from .recording import CompletionRecord
+from .record import CompletionRecord
 
 
 async def link_into_session(
