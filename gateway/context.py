@@ -13,9 +13,9 @@ from rlgw.settings import Settings
 if TYPE_CHECKING:  # the services import nothing of the app's wiring: no import circle
     from .auth import AuthService
     from .limits import Limiter
-    from .openai.service import ProxyService
+    from .proxy.routing import BackendPool
+    from .proxy.service import ProxyService
     from .recording.recorder import Recorder
-    from .routing import BackendPool
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -120,11 +120,3 @@ async def authenticate_anthropic(
 
 CallerDep = Annotated[Caller, Depends(authenticate)]
 AnthropicCallerDep = Annotated[Caller, Depends(authenticate_anthropic)]
-
-
-def header_session_id(
-    x_session_id: Annotated[
-        str | None, Header(description="Bind the call to this session.")
-    ] = None,
-) -> str | None:
-    return x_session_id

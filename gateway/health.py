@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from .auth import admin_key_matches, client_address
-from .backend_health import probe
 from .deps import ContextDep, PresentedAdminKey
+from .proxy.backend_health import probe
 
 router = APIRouter(tags=["health"])
 

@@ -10,9 +10,10 @@ import pytest
 
 from bench.fake_upstream import FakeVllm, start_fake_upstream, stop, upstream_url
 from bench.fake_vllm_replies import CHAT, TEXT, Ask, render_reply, render_stream
-from gateway.openai.shaping import CHAT as WIRE_CHAT
-from gateway.openai.shaping import COMPLETIONS as WIRE_TEXT
-from gateway.openai.shaping import StreamAssembly, extract_choices, upstream_body
+from gateway.proxy.assembly import StreamAssembly
+from gateway.proxy.shaping import CHAT as WIRE_CHAT
+from gateway.proxy.shaping import COMPLETIONS as WIRE_TEXT
+from gateway.proxy.shaping import extract_choices, upstream_body
 from rlgw.eligibility import ineligible_reasons
 from rlgw.registry import check_target, probe_backend
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from ..auth import Caller
 from ..deps import CallerDep, ContextDep
 from ..errors import OPENAI_TAG
-from ..openai.router import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
+from ..proxy.params import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
 from .protocol import ResponsesRequest
 from .surface import ResponsesSurface
 

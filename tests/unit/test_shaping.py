@@ -1,9 +1,9 @@
 """What the backend is asked for, and what the client is shown."""
 
-from gateway.openai.shaping import (
+from gateway.proxy.assembly import StreamAssembly
+from gateway.proxy.shaping import (
     CHAT,
     COMPLETIONS,
-    StreamAssembly,
     client_asks,
     extract,
     make_visible,

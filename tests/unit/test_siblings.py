@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.openai.shaping import (
+from gateway.proxy.assembly import StreamAssembly
+from gateway.proxy.shaping import (
     CHAT,
-    StreamAssembly,
     client_asks,
     extract_choices,
     make_visible,

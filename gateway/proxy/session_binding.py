@@ -7,9 +7,9 @@ import re
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from .auth import tenant_sees
-from .errors import APIError, session_not_found
-from .ids import SESSION_ID_PATTERN
+from ..auth import tenant_sees
+from ..errors import APIError, session_not_found
+from ..ids import SESSION_ID_PATTERN
 
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 IMPLICIT_PREFIX = "auto-"

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from rlgw.db.models import Backend, RegisteredModel
 from rlgw.eligibility import CROSSED_SWAP, NOT_FOLLOWING
 
-from .errors import APIError
+from ..errors import APIError
 
 log = logging.getLogger("rlgw.routing")
 
