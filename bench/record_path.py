@@ -11,12 +11,13 @@ from datetime import UTC, datetime
 
 import psycopg
 
-import gateway.recording
-from gateway.lineage import request_sequence
-from gateway.recording import CompletionRecord, Recorder
+import gateway.recording.recorder
+from gateway.recording.lineage import request_sequence
+from gateway.recording.record import CompletionRecord
+from gateway.recording.recorder import Recorder
 from rlgw.db.engine import make_async_engine
 from rlgw.db.migrate import upgrade
-from rlgw.embedded_pg import to_libpq_uri, to_sqlalchemy_url
+from rlgw.db.urls import to_libpq_uri, to_sqlalchemy_url
 
 BODY = {
     "model": "tiny",
@@ -94,7 +95,7 @@ async def timed(recorder: Recorder, make, n: int) -> tuple[list[float], float]:
 
 def time_store(spent: list[float]) -> None:
     """Wrap the recorder's write so that its own time is recorded apart from the queue hop."""
-    inner = gateway.recording.store_batch
+    inner = gateway.recording.recorder.store_batch
 
     async def store_batch(*args, **kwargs):
         t0 = time.perf_counter()
@@ -103,7 +104,7 @@ def time_store(spent: list[float]) -> None:
         finally:
             spent.append(time.perf_counter() - t0)
 
-    gateway.recording.store_batch = store_batch
+    gateway.recording.recorder.store_batch = store_batch
 
 
 async def run(url: str, n: int, tokens: int, named_sessions: int) -> None:

@@ -108,7 +108,7 @@ class RlgwServer:
 
     def record_counts(self) -> dict[str, int]:
         """Stored completions by `<status>/<eligible|not eligible>` (read from the database)."""
-        sql = "SELECT status, eligible, count(*) FROM completions GROUP BY 1, 2"
+        sql = "SELECT status, ineligible_reasons = '{}', count(*) FROM completions GROUP BY 1, 2"
         with psycopg.connect(f"{self.pg}/{self.db}") as conn:
             rows = conn.execute(sql).fetchall()
         return {f"{s}/{'eligible' if e else 'not eligible'}": n for s, e, n in rows}

@@ -26,10 +26,10 @@ from sqlalchemy import create_engine, insert, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.recording import CompletionRecord  # noqa: E402
+from gateway.recording.record import CompletionRecord  # noqa: E402
 from rlgw.db.migrate import upgrade  # noqa: E402
 from rlgw.db.models import AgentSession, Completion  # noqa: E402
-from rlgw.embedded_pg import to_sqlalchemy_url  # noqa: E402
+from rlgw.db.urls import to_sqlalchemy_url  # noqa: E402
 
 LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 PROMPT_TOKENS = 48

@@ -39,7 +39,7 @@ from bench.processes import free_port, log  # noqa: E402
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
 from trainer.init_model import PRESETS, create_model  # noqa: E402
 from trainer.parity import PROBE_TOKEN_IDS, reference_scores, served_scores  # noqa: E402
-from trainer.swap.vllm_control import VllmControl  # noqa: E402
+from trainer.vllm_control import VllmControl  # noqa: E402
 from trainer.weight_update.files import DeltaFile  # noqa: E402
 from trainer.weights import load_reference_model, state_dict, write_update  # noqa: E402
 

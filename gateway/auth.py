@@ -1,5 +1,6 @@
 """Who is calling: an agent key (a tenant), a session token (one session of a tenant), or nobody
-in particular (RLGW_AUTH=off). Routes declare it in their signature as `CallerDep`.
+in particular (RLGW_AUTH=off); and whether a presented admin key is the configured one. Routes
+declare their caller as `CallerDep` (gateway/deps.py).
 
 - Agent keys (`rlgw_ak_...`) are looked up by SHA-256 (rlgw/agent_keys.py); a replica caches a
   verified key for RLGW_AUTH_CACHE_S seconds (dropped at once when it revokes the key itself).
@@ -13,17 +14,17 @@ in particular (RLGW_AUTH=off). Routes declare it in their signature as `CallerDe
 
 from __future__ import annotations
 
+import hmac
 import secrets
 import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 
 from authlib.deprecate import AuthlibDeprecationWarning  # noqa: E402  (installs its filter)
-from fastapi import Depends, Request
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Request
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
@@ -31,7 +32,6 @@ from rlgw.agent_keys import hash_key, looks_like_key
 from rlgw.db.models import AgentKey
 from rlgw.settings import Settings
 
-from .deps import ContextDep
 from .errors import APIError, session_not_found
 
 with warnings.catch_warnings():
@@ -60,10 +60,6 @@ class Caller:
     session_id: str | None = None  # set for a session token: the one session it may touch
     scopes: frozenset[str] = field(default_factory=lambda: frozenset(SCOPES))
 
-    def sees(self, session_tenant: str | None) -> bool:
-        """Whether a session of `session_tenant` exists for this caller."""
-        return self.tenant is None or session_tenant == self.tenant
-
     def require_unscoped(self, action: str) -> None:
         """Routes that are not about one session: never with a session token."""
         if self.session_id is not None:
@@ -83,10 +79,28 @@ class Caller:
             )
 
 
+def tenant_sees(tenant: str | None, owner: str | None) -> bool:
+    """Whether a caller of `tenant` sees a session or group owned by `owner`: every one with auth
+    off (`tenant` None), else only its own tenant's (another tenant's session is reported missing,
+    its group id unavailable)."""
+    return tenant is None or owner == tenant
+
+
 @dataclass(frozen=True)
 class KeyInfo:
     id: str
     tenant: str
+
+
+def admin_key_matches(presented: str | None, settings_key: str) -> bool:
+    """Constant-time comparison; an empty configured key matches nothing."""
+    if not presented or not settings_key:
+        return False
+    return hmac.compare_digest(presented.encode(), settings_key.encode())
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
 
 
 def _unauthorized(message: str, code: str) -> APIError:
@@ -223,6 +237,17 @@ class AuthService:
             scopes=frozenset(scopes),
         )
 
+    async def identify(self, credential: str | None, sent_as: str, address: str) -> Caller:
+        """The caller presenting `credential` (sent as `sent_as`, for the error message). With
+        auth off anyone may call, limited by client `address`."""
+        if not self.enabled:
+            return Caller(kind="open", tenant=None, limit_key=f"addr:{address}")
+        if not credential or not credential.strip():
+            raise _unauthorized(
+                f"an agent key or session token is required ({sent_as})", "missing_credentials"
+            )
+        return await self.verify(credential.strip())
+
     async def verify(self, credential: str) -> Caller:
         if looks_like_key(credential):
             key = await self.key_by_hash(hash_key(credential))
@@ -232,62 +257,3 @@ class AuthService:
         if credential.count(".") == 2 and len(credential) <= 4096:
             return await self._verify_token(credential)
         raise _unauthorized("invalid credentials", "invalid_credentials")
-
-
-_bearer = HTTPBearer(
-    auto_error=False,
-    scheme_name="AgentKey",
-    description="An agent key (`rlgw_ak_...`) or a session token. Not needed with RLGW_AUTH=off.",
-)
-
-
-def client_address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
-
-
-_x_api_key = APIKeyHeader(
-    name="x-api-key",
-    auto_error=False,
-    scheme_name="AnthropicApiKey",
-    description="The Messages API only: an agent key or session token as Anthropic clients send "
-    "it (`x-api-key`). `Authorization: Bearer` works there too.",
-)
-
-
-async def _admit(request: Request, ctx: Any, credential: str | None, how: str) -> Caller:
-    if not ctx.auth.enabled:
-        caller = Caller(kind="open", tenant=None, limit_key=f"addr:{client_address(request)}")
-    elif not credential or not credential.strip():
-        raise _unauthorized(
-            f"an agent key or session token is required ({how})", "missing_credentials"
-        )
-    else:
-        caller = await ctx.auth.verify(credential.strip())
-    ctx.limiter.admit(caller.limit_key, request.scope)
-    return caller
-
-
-async def authenticate(
-    request: Request,
-    ctx: ContextDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Caller:
-    """The caller of an agent-surface route, admitted under its rate and concurrency limits."""
-    credential = credentials.credentials if credentials else None
-    return await _admit(request, ctx, credential, "Authorization: Bearer")
-
-
-async def authenticate_anthropic(
-    request: Request,
-    ctx: ContextDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    api_key: Annotated[str | None, Depends(_x_api_key)],
-) -> Caller:
-    """The caller of a Messages API route: Anthropic clients send their key as `x-api-key`
-    (`Authorization: Bearer` is accepted as well, and wins when both are sent)."""
-    credential = credentials.credentials if credentials else api_key
-    return await _admit(request, ctx, credential, "x-api-key or Authorization: Bearer")
-
-
-CallerDep = Annotated[Caller, Depends(authenticate)]
-AnthropicCallerDep = Annotated[Caller, Depends(authenticate_anthropic)]

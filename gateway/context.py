@@ -10,13 +10,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from rlgw.settings import Settings
 
-from .openai.service import ProxyService
-from .recording import Recorder
-from .routing import BackendPool
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the services import nothing of the app's wiring: no import circle
     from .auth import AuthService
     from .limits import Limiter
+    from .proxy.routing import BackendPool
+    from .proxy.service import ProxyService
+    from .recording.recorder import Recorder
 
 
 @dataclass

@@ -1,15 +1,15 @@
-"""FastAPI dependencies: the process context, a database session, the admin key, the session id."""
+"""FastAPI dependencies: the process context, a database session, the admin key, the caller."""
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from .auth import Caller, admin_key_matches, client_address
 from .context import GatewayContext
 from .errors import APIError
 
@@ -29,6 +29,8 @@ async def get_db(ctx: ContextDep) -> AsyncIterator[AsyncSession]:
 DbDep = Annotated[AsyncSession, Depends(get_db)]
 
 
+# ----------------------------------------------------------------------------- the admin key
+
 _admin_bearer = HTTPBearer(
     auto_error=False, scheme_name="AdminKey", description="The admin key (RLGW_ADMIN_KEY)."
 )
@@ -40,22 +42,21 @@ _admin_header = APIKeyHeader(
 )
 
 
-def admin_key_matches(presented: str | None, settings_key: str) -> bool:
-    """Constant-time comparison; an empty configured key matches nothing."""
-    if not presented or not settings_key:
-        return False
-    return hmac.compare_digest(presented.encode(), settings_key.encode())
-
-
-def require_admin(
-    request: Request,
-    ctx: ContextDep,
+def presented_admin_key(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
     x_admin_key: Annotated[str | None, Depends(_admin_header)],
-) -> None:
+) -> str | None:
+    """The admin key a request presents: `X-Admin-Key`, else `Authorization: Bearer <key>`."""
+    presented = x_admin_key or (bearer.credentials if bearer else None)
+    return presented.strip() if presented else None
+
+
+PresentedAdminKey = Annotated[str | None, Depends(presented_admin_key)]
+
+
+def require_admin(request: Request, ctx: ContextDep, presented: PresentedAdminKey) -> None:
     """Admin key as `Authorization: Bearer <key>` or `X-Admin-Key`; 401 if absent, 403 if wrong.
     The key is never echoed. Admin calls count against the "admin" rate and concurrency limits."""
-    presented = x_admin_key or (bearer.credentials if bearer else None)
     if not presented:
         raise APIError(
             401,
@@ -63,7 +64,7 @@ def require_admin(
             code="missing_admin_key",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    if not admin_key_matches(presented.strip(), ctx.settings.admin_key):
+    if not admin_key_matches(presented, ctx.settings.admin_key):
         raise APIError(403, "admin key not accepted", code="invalid_admin_key")
     ctx.limiter.admit("admin", request.scope)
 
@@ -71,9 +72,51 @@ def require_admin(
 AdminDep = Depends(require_admin)
 
 
-def header_session_id(
-    x_session_id: Annotated[
-        str | None, Header(description="Bind the call to this session.")
-    ] = None,
-) -> str | None:
-    return x_session_id
+# ----------------------------------------------------------------------------- the caller
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="AgentKey",
+    description="An agent key (`rlgw_ak_...`) or a session token. Not needed with RLGW_AUTH=off.",
+)
+_x_api_key = APIKeyHeader(
+    name="x-api-key",
+    auto_error=False,
+    scheme_name="AnthropicApiKey",
+    description="The Messages API only: an agent key or session token as Anthropic clients send "
+    "it (`x-api-key`). `Authorization: Bearer` works there too.",
+)
+
+
+async def _admit(
+    request: Request, ctx: GatewayContext, credential: str | None, sent_as: str
+) -> Caller:
+    caller = await ctx.auth.identify(credential, sent_as, client_address(request))
+    ctx.limiter.admit(caller.limit_key, request.scope)
+    return caller
+
+
+async def authenticate(
+    request: Request,
+    ctx: ContextDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Caller:
+    """The caller of an agent-surface route, admitted under its rate and concurrency limits."""
+    credential = credentials.credentials if credentials else None
+    return await _admit(request, ctx, credential, "Authorization: Bearer")
+
+
+async def authenticate_anthropic(
+    request: Request,
+    ctx: ContextDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[str | None, Depends(_x_api_key)],
+) -> Caller:
+    """The caller of a Messages API route: Anthropic clients send their key as `x-api-key`
+    (`Authorization: Bearer` is accepted as well, and wins when both are sent)."""
+    credential = credentials.credentials if credentials else api_key
+    return await _admit(request, ctx, credential, "x-api-key or Authorization: Bearer")
+
+
+CallerDep = Annotated[Caller, Depends(authenticate)]
+AnthropicCallerDep = Annotated[Caller, Depends(authenticate_anthropic)]

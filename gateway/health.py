@@ -10,9 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from .auth import client_address
-from .backend_health import probe
-from .deps import ContextDep, admin_key_matches
+from .auth import admin_key_matches, client_address
+from .deps import ContextDep, PresentedAdminKey
+from .proxy.backend_health import probe
 
 router = APIRouter(tags=["health"])
 
@@ -30,20 +30,15 @@ async def _database_ok(ctx: ContextDep) -> str | None:
         return type(exc).__name__
 
 
-def _shows_addresses(request: Request, ctx: ContextDep) -> bool:
+def _shows_addresses(ctx: ContextDep, admin_key: str | None) -> bool:
     """Backend URLs are internal addresses: with auth on, only the admin key sees them."""
-    if not ctx.auth.enabled:
-        return True
-    presented = request.headers.get("x-admin-key")
-    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-    if not presented and scheme.lower() == "bearer":
-        presented = credential.strip()
-    return admin_key_matches(presented, ctx.settings.admin_key)
+    return not ctx.auth.enabled or admin_key_matches(admin_key, ctx.settings.admin_key)
 
 
 @router.get("/healthz")
-async def healthz(request: Request, ctx: ContextDep) -> JSONResponse:
-    """Open to all (load balancers need no key), under the client address's rate limit."""
+async def healthz(request: Request, ctx: ContextDep, admin_key: PresentedAdminKey) -> JSONResponse:
+    """Open to all (load balancers need no key), under the client address's rate limit. With
+    auth on, the admin key (optional) also shows the backends' addresses and errors."""
     ctx.limiter.admit(f"addr:{client_address(request)}", request.scope)
     views = ctx.pool.backends()
     db_error, *backend_errors = await asyncio.gather(
@@ -80,7 +75,7 @@ async def healthz(request: Request, ctx: ContextDep) -> JSONResponse:
             "timeouts": ctx.recorder.timeouts,
         },
         "backends": backends
-        if _shows_addresses(request, ctx)
+        if _shows_addresses(ctx, admin_key)
         else [{k: v for k, v in b.items() if k not in ("url", "error")} for b in backends],
     }
     return JSONResponse(body, status_code=200 if db_error is None else 503)

@@ -19,19 +19,19 @@ from .admin.register import router as register_router
 from .admin.router import router as admin_router
 from .anthropic.router import router as anthropic_router
 from .auth import AuthService
-from .backend_events import follow_registry
-from .backend_health import watch_backends
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
-from .doubtful_journal import DoubtfulJournal, journal_directory
 from .errors import install_error_handlers
 from .health import router as health_router
 from .limits import Limiter, ReleaseSlots
 from .openai.router import router as openai_router
-from .openai.service import ProxyService
-from .recording import Recorder
+from .proxy.backend_events import follow_registry
+from .proxy.backend_health import watch_backends
+from .proxy.routing import BackendPool
+from .proxy.service import ProxyService
+from .recording.doubtful_journal import DoubtfulJournal, journal_directory
+from .recording.recorder import Recorder
 from .responses.router import router as responses_router
-from .routing import BackendPool
 from .sessions.router import router as sessions_router
 
 log = logging.getLogger("rlgw.gateway")

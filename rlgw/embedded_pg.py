@@ -9,6 +9,8 @@ from typing import Any
 
 import psycopg
 
+from rlgw.db.urls import to_sqlalchemy_url
+
 DATABASE_NAME = "rlgw"
 
 _servers: dict[Path, Any] = {}  # keep handles alive: pgserver stops the server when the last goes
@@ -40,13 +42,3 @@ def _ensure_database(admin_uri: str, database: str) -> None:
         ).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{database}"')
-
-
-def to_sqlalchemy_url(uri: str) -> str:
-    """postgresql://... -> postgresql+psycopg://... (psycopg 3 driver)."""
-    return uri.replace("postgresql://", "postgresql+psycopg://", 1)
-
-
-def to_libpq_uri(url: str) -> str:
-    """postgresql+psycopg://... -> postgresql://... for psycopg.connect()."""
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)

@@ -1,4 +1,5 @@
-"""Session returns and their per-group normalization (DESIGN.md invariant 4), as pure functions."""
+"""Session returns and their per-group normalization, as pure functions (docs/architecture.md,
+"Evidence, retries and rewards": rewards and groups)."""
 
 from __future__ import annotations
 

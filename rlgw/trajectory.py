@@ -9,12 +9,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
+from rlgw.eligibility import eligibility_reason
 from rlgw.rewards import GroupVerdict, Member, judge_group, normalize_returns
 
 # How the rewards of sibling choices (one request with n > 1) are normalized when the session did
@@ -32,7 +33,40 @@ class RewardOut(BaseModel):
     created_at: datetime
 
 
-class Step(BaseModel):
+class Eligibility(BaseModel):
+    """Whether a completion may be trained on (rlgw/eligibility.py): its every reason not to, and
+    the two fields earlier clients read, computed from them."""
+
+    ineligible_reasons: list[str] = Field(
+        description="every reason training must not use it; empty: eligible"
+    )
+
+    @computed_field(description="True when ineligible_reasons is empty")
+    @property
+    def eligible(self) -> bool:
+        return not self.ineligible_reasons
+
+    @computed_field(description="ineligible_reasons joined with '; ' (null when eligible)")
+    @property
+    def eligibility_reason(self) -> str | None:
+        return eligibility_reason(self.ineligible_reasons)
+
+
+class RecordVerdict(Eligibility):
+    """Eligibility and lineage's verdict of a stored completion (orphans are never trained on)."""
+
+    orphan_reason: str | None = Field(
+        description="why lineage did not keep it (a superseded retry, or it continues an "
+        "orphan); null: kept"
+    )
+
+    @computed_field(description="True when orphan_reason is set")
+    @property
+    def is_orphan(self) -> bool:
+        return self.orphan_reason is not None
+
+
+class Step(Eligibility):
     """One kept completion, exactly as the agent received it."""
 
     completion_id: str
@@ -42,15 +76,12 @@ class Step(BaseModel):
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     output_logprobs: list[float]
-    output_versions: list[int | None] = Field(description="the policy version of each output token")
     finish_reason: str | None
     sibling_group: str | None = Field(
         default=None,
         description="the choices of one request with n > 1 share it (see Trajectory."
         "sibling_groups); null for n = 1",
     )
-    eligible: bool
-    eligibility_reason: str | None
     rewards: list[RewardOut]
     reward_raw: float | None = Field(description="sum of this completion's counting rewards")
     reward_normalized: float | None = Field(
@@ -120,12 +151,12 @@ class Trajectory(BaseModel):
 def _counting_rewards(db: Session, session_ids: list[str]) -> list[tuple[Reward, bool]]:
     """Rewards of these sessions, each with whether it counts (not on an orphan)."""
     rows = db.execute(
-        select(Reward, Completion.is_orphan)
+        select(Reward, Completion.orphan_reason)
         .outerjoin(Completion, Completion.id == Reward.completion_id)
         .where(Reward.session_id.in_(session_ids))
         .order_by(Reward.id)
     ).all()
-    return [(reward, not bool(is_orphan)) for reward, is_orphan in rows]
+    return [(reward, orphan_reason is None) for reward, orphan_reason in rows]
 
 
 def group_verdict(db: Session, group: SessionGroup, now: datetime) -> tuple[GroupVerdict, int]:
@@ -151,7 +182,6 @@ def group_verdict(db: Session, group: SessionGroup, now: datetime) -> tuple[Grou
 
 
 def _step(c: Completion, rewards: list[RewardOut]) -> Step:
-    out_ids = unpack_ids(c.output_token_ids)
     counting = [r.value for r in rewards if r.counts]
     return Step(
         completion_id=c.id,
@@ -159,13 +189,11 @@ def _step(c: Completion, rewards: list[RewardOut]) -> Step:
         api=c.api,
         policy_version=c.policy_version,
         prompt_token_ids=unpack_ids(c.prompt_token_ids),
-        output_token_ids=out_ids,
+        output_token_ids=unpack_ids(c.output_token_ids),
         output_logprobs=unpack_logprobs(c.output_logprobs),
-        output_versions=[c.policy_version] * len(out_ids),
         finish_reason=c.finish_reason,
         sibling_group=c.sibling_group,
-        eligible=c.eligible,
-        eligibility_reason=c.eligibility_reason,
+        ineligible_reasons=c.ineligible_reasons,
         rewards=rewards,
         reward_raw=sum(counting) if counting else None,
         response=c.response,
@@ -195,7 +223,7 @@ def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory |
                 created_at=reward.created_at,
             )
         )
-    steps = [_step(c, by_completion.get(c.id, [])) for c in completions if not c.is_orphan]
+    steps = [_step(c, by_completion.get(c.id, [])) for c in completions if c.orphan_reason is None]
     counting = [r.value for rs in by_completion.values() for r in rs if r.counts]
     return_raw = sum(counting) if counting else None
     group_out, return_normalized = None, return_raw
@@ -223,9 +251,9 @@ def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory |
         return_normalized=return_normalized,
         steps=steps,
         excluded=[
-            Excluded(completion_id=c.id, reason=c.orphan_reason or "orphan")
+            Excluded(completion_id=c.id, reason=c.orphan_reason)
             for c in completions
-            if c.is_orphan
+            if c.orphan_reason is not None
         ],
         sibling_normalization=sibling_normalization,
         sibling_groups=sibling_groups(steps, sibling_normalization),

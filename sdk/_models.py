@@ -40,7 +40,12 @@ class CompletionInfo(_Model):
     finish_reason: str | None = None
     policy_version: int | None = None
     eligible: bool
-    eligibility_reason: str | None = None
+    eligibility_reason: str | None = Field(
+        default=None, description="ineligible_reasons joined with '; '"
+    )
+    ineligible_reasons: list[str] = Field(
+        default_factory=list, description="every reason training must not use it; empty: eligible"
+    )
     is_orphan: bool
     orphan_reason: str | None = None
     retry_group: str | None = None

@@ -18,7 +18,7 @@ import pytest
 from rlgw.cli.serve import GatewayThread
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
-from rlgw.embedded_pg import to_libpq_uri, to_sqlalchemy_url
+from rlgw.db.urls import to_libpq_uri, to_sqlalchemy_url
 from rlgw.ports import free_port
 from rlgw.settings import Settings
 

@@ -48,7 +48,8 @@ _TRACEBACK = re.compile(r'Traceback \(most recent call last\)|File "[^"]+\.py", 
 # Rows that must not change, by table: (key columns, columns compared).
 _WATCHED = {
     "sessions": "id, tenant, status, closed_at, metadata::text, group_id, train",
-    "completions": "id, session_id, status, eligible, is_orphan, output_token_ids, request::text",
+    "completions": "id, session_id, status, ineligible_reasons::text, orphan_reason, "
+    "output_token_ids, request::text",
     "rewards": "id, session_id, completion_id, value, idempotency_key",
     "agent_keys": "id, tenant, key_hash, revoked_at",
     "models": "id, name, path, current_version",

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 
 from bench.fake_upstream import start_fake_upstream, stop
 from gateway.main import create_app
-from gateway.routing import BackendPool
+from gateway.proxy.routing import BackendPool
 from rlgw.backend_state import CHANNEL
 from rlgw.db.engine import async_session_factory, make_async_engine
 from rlgw.db.migrate import upgrade

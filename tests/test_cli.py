@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from rlgw.agent_keys import looks_like_key
-from rlgw.embedded_pg import to_libpq_uri
+from rlgw.db.urls import to_libpq_uri
 from rlgw.ports import free_port
 
 RLGW = Path(sys.executable).parent / "rlgw"

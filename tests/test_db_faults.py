@@ -21,11 +21,10 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from gateway.main import create_app
-from gateway.recording import DOUBTFUL_REASON
-from gateway.routing import CROSSED_SWAP
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
-from rlgw.embedded_pg import to_libpq_uri
+from rlgw.db.urls import to_libpq_uri
+from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT
 from rlgw.registry import register_backend
 
 from auth_helpers import TOKEN_SECRET, mint_key
@@ -470,12 +469,12 @@ def test_a_commit_that_landed_after_the_caller_gave_up_is_made_ineligible(
 
     def marked() -> bool:
         return db.execute(
-            "SELECT NOT eligible FROM completions WHERE id = %s", (completion_id,)
+            "SELECT ineligible_reasons <> '{}' FROM completions WHERE id = %s", (completion_id,)
         ).fetchone()[0]
 
     _wait_until(marked, timeout_s=30)
     record = _record(quick, completion_id)
-    assert record["eligible"] is False and record["eligibility_reason"] == DOUBTFUL_REASON
+    assert record["eligible"] is False and record["eligibility_reason"] == DOUBTFUL_COMMIT
     assert record["status"] == "complete"  # what happened is kept; only training is refused
 
 
@@ -492,15 +491,15 @@ def test_a_doubtful_commit_is_still_marked_after_the_gateway_restarts(
             _chat(first.client())
         completion_id = failed.value.response.headers["x-completion-id"]
         assert proxy.trap_sprung.is_set()
-        journal = first.recorder._journal
+        journal = first.recorder._doubtful.journal
     (journal_file,) = journal.directory.glob("*.jsonl")
     assert completion_id in journal_file.read_text()
-    eligible = "SELECT eligible FROM completions WHERE id = %s"
+    eligible = "SELECT ineligible_reasons = '{}' FROM completions WHERE id = %s"
     assert db.execute(eligible, (completion_id,)).fetchone() == (True,)  # nobody marked it yet
 
     proxy.resume()
     with _gateway(url, record_retry_s=1.0, home=tmp_path) as second:
         _wait_until(lambda: db.execute(eligible, (completion_id,)).fetchone() == (False,), 30)
         record = _record(second, completion_id)
-        assert record["eligibility_reason"] == DOUBTFUL_REASON
+        assert record["eligibility_reason"] == DOUBTFUL_COMMIT
         _wait_until(lambda: not list(journal.directory.glob("*.jsonl")), 10)

@@ -15,7 +15,7 @@ pytest.importorskip("pgserver")
 WRITE = """
 import psycopg
 from rlgw.database import resolve_database_url
-from rlgw.embedded_pg import to_libpq_uri
+from rlgw.db.urls import to_libpq_uri
 from rlgw.settings import Settings
 url = resolve_database_url(Settings())
 with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
@@ -26,7 +26,7 @@ print(url)
 READ = """
 import psycopg
 from rlgw.database import resolve_database_url
-from rlgw.embedded_pg import to_libpq_uri
+from rlgw.db.urls import to_libpq_uri
 from rlgw.settings import Settings
 url = resolve_database_url(Settings())
 with psycopg.connect(to_libpq_uri(url)) as conn:

@@ -10,10 +10,11 @@ import pytest
 
 from bench.fake_upstream import FakeVllm, start_fake_upstream, stop, upstream_url
 from bench.fake_vllm_replies import CHAT, TEXT, Ask, render_reply, render_stream
-from gateway.openai.shaping import CHAT as WIRE_CHAT
-from gateway.openai.shaping import COMPLETIONS as WIRE_TEXT
-from gateway.openai.shaping import StreamAssembly, extract_choices, upstream_body
-from rlgw.evidence import evidence_problem
+from gateway.proxy.assembly import StreamAssembly
+from gateway.proxy.shaping import CHAT as WIRE_CHAT
+from gateway.proxy.shaping import COMPLETIONS as WIRE_TEXT
+from gateway.proxy.shaping import extract_choices, upstream_body
+from rlgw.eligibility import ineligible_reasons
 from rlgw.registry import check_target, probe_backend
 
 from conftest import free_port
@@ -66,9 +67,9 @@ def test_stream_chunks_validate_as_vllm_chunks(ask: Ask) -> None:
         assert model.model_validate_json(data).model_dump_json(exclude_unset=True) == data
 
 
-def evidence_of(tokens) -> str | None:
+def evidence_of(tokens) -> list[str]:
     """What the gateway would find wrong with these tokens as a complete, served record."""
-    return evidence_problem(
+    return ineligible_reasons(
         status="complete",
         finish_reason=tokens.finish_reason,
         policy_version=0,
@@ -85,7 +86,7 @@ def test_the_gateway_reads_eligible_evidence_from_whole_replies(api: str, n: int
     assert sorted(choices) == list(range(n))
     for tokens in choices.values():
         assert len(tokens.output_token_ids) == 7 and tokens.finish_reason == "length"
-        assert evidence_of(tokens) is None
+        assert evidence_of(tokens) == []
 
 
 @pytest.mark.parametrize("api", [CHAT, TEXT])
@@ -98,7 +99,7 @@ def test_the_gateway_reads_eligible_evidence_from_streams(api: str, n: int) -> N
     for index in range(n):
         tokens = assembly.choices[index].tokens
         assert len(tokens.output_token_ids) == 7
-        assert evidence_of(tokens) is None
+        assert evidence_of(tokens) == []
 
 
 async def test_the_app_answers_like_vllm() -> None:

@@ -54,10 +54,10 @@ REWARDS = {
 
 
 def expected_normalized(rewards: list[float], how: str) -> list[float]:
-    """The documented normalizations (rlgw/rewards.py, DESIGN.md invariant 4), computed here with
-    numpy rather than by the code under test: none keeps raw rewards; mean subtracts the group
-    mean; mean_std divides that by the population std plus 1e-6; a group of one keeps its raw
-    reward whatever the setting."""
+    """The documented normalizations (rlgw/rewards.py; docs/architecture.md, "Groups"),
+    computed here with numpy rather than by the code under test: none keeps raw rewards; mean
+    subtracts the group mean; mean_std divides that by the population std plus 1e-6; a group of
+    one keeps its raw reward whatever the setting."""
     r = np.asarray(rewards, dtype=np.float64)
     if how == "none" or len(r) == 1:
         return r.tolist()

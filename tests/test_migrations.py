@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from rlgw.db.migrate import downgrade, upgrade
 from rlgw.db.models import Base
@@ -43,3 +43,51 @@ def test_every_completion_query_path_has_an_index(make_database):
         indexed = {tuple(ix["column_names"]) for ix in inspect(conn).get_indexes("completions")}
     engine.dispose()
     assert {("session_id", "created_at"), ("retry_group",), ("created_at",)} <= indexed
+
+
+_OLD_VERDICTS = "SELECT id, eligible, eligibility_reason, is_orphan, orphan_reason FROM completions"
+
+
+def test_reasons_migration_keeps_every_stored_verdict_both_ways(make_database):
+    """0008 turns `eligible` + `eligibility_reason` into the list of reasons and `is_orphan` into
+    "orphan_reason is set"; its downgrade gives the old columns back from them."""
+    url = make_database()
+    upgrade(url, "0007")
+    engine = create_engine(url)
+    verdicts = [  # id, eligible, eligibility_reason, is_orphan, orphan_reason
+        ("kept", True, None, False, None),
+        ("cut", False, "status is incomplete", False, None),
+        ("retry", True, None, True, "retry superseded by kept"),
+        ("both", False, "status is error", True, "continues orphan retry"),
+    ]
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO sessions (id) VALUES ('s')"))
+        for row in verdicts:
+            conn.execute(
+                text(
+                    "INSERT INTO completions (id, session_id, api, model, status, stream, "
+                    "request, created_at, eligible, eligibility_reason, is_orphan, orphan_reason) "
+                    "VALUES (:id, 's', 'completions', 'm', 'complete', false, '{}', now(), "
+                    ":eligible, :reason, :is_orphan, :orphan_reason)"
+                ),
+                dict(
+                    zip(
+                        ("id", "eligible", "reason", "is_orphan", "orphan_reason"), row, strict=True
+                    )
+                ),
+            )
+    upgrade(url)
+    with engine.connect() as conn:
+        migrated = conn.execute(
+            text("SELECT id, ineligible_reasons, orphan_reason FROM completions")
+        ).all()
+    assert {(i, tuple(reasons), orphan) for i, reasons, orphan in migrated} == {
+        ("kept", (), None),
+        ("cut", ("status is incomplete",), None),
+        ("retry", (), "retry superseded by kept"),
+        ("both", ("status is error",), "continues orphan retry"),
+    }
+    downgrade(url, "0007")
+    with engine.connect() as conn:
+        assert set(conn.execute(text(_OLD_VERDICTS)).all()) == set(verdicts)
+    engine.dispose()

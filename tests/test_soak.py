@@ -18,7 +18,7 @@ from bench.soak_agents import run_agents
 from bench.soak_check import compare
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
-from rlgw.embedded_pg import to_libpq_uri
+from rlgw.db.urls import to_libpq_uri
 from rlgw.registry import register_backend
 
 from conftest import ADMIN_KEY, free_port

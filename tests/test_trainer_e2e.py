@@ -30,7 +30,7 @@ from trainer.parity import reference_scores, served_scores
 from trainer.publish import Publisher
 from trainer.push import push
 from trainer.service import FAULT_ENV, OnlineTrainer
-from trainer.swap.vllm_control import VllmControl
+from trainer.vllm_control import VllmControl
 from trainer.weights import apply_delta
 
 from conftest import (

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from rlgw.embedded_pg import to_libpq_uri, to_sqlalchemy_url  # noqa: E402
+from rlgw.db.urls import to_libpq_uri, to_sqlalchemy_url  # noqa: E402
 
 from fuzz_support import run_fuzz  # noqa: E402
 

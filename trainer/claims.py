@@ -25,7 +25,7 @@ _FOR_MODEL = """
 """
 _HAS_COUNTING_REWARD = """
     EXISTS (SELECT 1 FROM rewards r LEFT JOIN completions rc ON rc.id = r.completion_id
-            WHERE r.session_id = s.id AND (rc.id IS NULL OR NOT rc.is_orphan))
+            WHERE r.session_id = s.id AND (rc.id IS NULL OR rc.orphan_reason IS NULL))
 """
 
 

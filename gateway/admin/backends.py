@@ -15,7 +15,7 @@ from rlgw.registry import version_label
 
 from ..deps import AdminDep, ContextDep, DbDep
 from ..errors import APIError
-from ..routing import BackendView
+from ..proxy.routing import BackendView
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 # Backend ids are Postgres integers: a larger number is a 422, not a database error.

@@ -6,18 +6,19 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel
 
 from rlgw.db.models import Completion
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
+from rlgw.trajectory import RecordVerdict
 
 from ..deps import AdminDep, DbDep
 from ..errors import APIError
+from ..ids import COMPLETION_ID_PATTERN
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 
 
-class CompletionPublic(BaseModel):
+class CompletionPublic(RecordVerdict):
     """A stored completion with its token arrays decoded."""
 
     id: str
@@ -32,14 +33,11 @@ class CompletionPublic(BaseModel):
     finish_reason: str | None
     status: str
     status_reason: str | None
-    eligible: bool
-    eligibility_reason: str | None
     stream: bool
     latency_ms: float | None
     ttft_ms: float | None
     retry_group: str | None
     sibling_group: str | None
-    is_orphan: bool
     parent_id: str | None
     request: dict[str, Any]
     response: dict[str, Any] | None
@@ -64,14 +62,13 @@ class CompletionPublic(BaseModel):
             finish_reason=row.finish_reason,
             status=row.status,
             status_reason=row.status_reason,
-            eligible=row.eligible,
-            eligibility_reason=row.eligibility_reason,
+            ineligible_reasons=row.ineligible_reasons,
             stream=row.stream,
             latency_ms=row.latency_ms,
             ttft_ms=row.ttft_ms,
             retry_group=row.retry_group,
             sibling_group=row.sibling_group,
-            is_orphan=row.is_orphan,
+            orphan_reason=row.orphan_reason,
             parent_id=row.parent_id,
             request=row.request,
             response=row.response,
@@ -83,7 +80,7 @@ class CompletionPublic(BaseModel):
 
 @router.get("/completions/{completion_id}", response_model=CompletionPublic)
 async def read_completion(
-    completion_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")], db: DbDep
+    completion_id: Annotated[str, Path(pattern=COMPLETION_ID_PATTERN)], db: DbDep
 ) -> CompletionPublic:
     row = await db.get(Completion, completion_id)
     if row is None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..auth import AnthropicCallerDep, Caller
-from ..deps import ContextDep
+from ..auth import Caller
+from ..deps import AnthropicCallerDep, ContextDep
 from ..errors import ANTHROPIC_TAG
-from ..openai.router import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
+from ..proxy.params import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
 from .protocol import CountTokensRequest, MessagesRequest
 from .surface import MessagesSurface
 from .translate import to_chat

@@ -8,8 +8,10 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from ..errors import APIError, anthropic_type
-from ..openai.shaping import CHAT, NOTHING_EXTRA, StreamAssembly
-from ..openai.surface import StreamShaper, Surface, backend_error_message, sse_event
+from ..proxy.assembly import StreamAssembly
+from ..proxy.shaping import CHAT, NOTHING_EXTRA
+from ..proxy.sse import sse_event
+from ..proxy.surface import StreamShaper, Surface, backend_error_message
 from .translate import message_object, stop_reason, to_chat, tool_input, usage
 
 MESSAGES = "messages"
@@ -27,15 +29,14 @@ class MessagesSurface(Surface):
     translated = True
 
     def __init__(self, body: dict[str, Any]) -> None:
-        self.api = MESSAGES
-        self.wire = CHAT
-        self.body = body
-        self.wire_body = to_chat(body)
-        self.asks = NOTHING_EXTRA
-
-    @property
-    def record_prefix(self) -> str:
-        return "msg_"
+        super().__init__(
+            api=MESSAGES,
+            wire=CHAT,
+            body=body,
+            wire_body=to_chat(body),
+            asks=NOTHING_EXTRA,
+            record_prefix="msg_",
+        )
 
     def reply(self, payload: dict[str, Any], record_id: str) -> tuple[dict, list[dict]]:
         choice = (payload.get("choices") or [{}])[0]
@@ -44,9 +45,6 @@ class MessagesSurface(Surface):
 
     def shaper(self, assembly: StreamAssembly, record_id: str) -> StreamShaper:
         return MessagesStream(self, assembly, record_id)
-
-    def error_response(self, exc: APIError) -> JSONResponse:
-        return exc.anthropic_response()
 
     def relay_error(self, status: int, content: bytes, headers: dict[str, str]) -> JSONResponse:
         message, _ = backend_error_message(status, content)

@@ -3,7 +3,7 @@ through untouched to the backend, which accepts or refuses them as it would dire
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -82,6 +82,3 @@ class CompletionRequest(GenerationRequest):
         if batched and len(prompt) != 1:
             raise ValueError("only one prompt per request is supported by this gateway version")
         return prompt
-
-
-ApiName = Literal["chat.completions", "completions", "responses", "messages"]

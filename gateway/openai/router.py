@@ -3,45 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Request
 
 from rlgw.settings import Settings
 
-from ..auth import Caller, CallerDep
-from ..deps import ContextDep, header_session_id
+from ..auth import Caller
+from ..deps import CallerDep, ContextDep
 from ..errors import OPENAI_TAG, APIError
+from ..proxy.params import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
+from ..proxy.shaping import CHAT, COMPLETIONS
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from .shaping import CHAT, COMPLETIONS
-from .surface import Surface
+from .surface import OpenAISurface
 
 router = APIRouter(tags=[OPENAI_TAG])
-HeaderSession = Annotated[str | None, Depends(header_session_id)]
-IdempotencyKey = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        max_length=256,
-        description="Requests of a session with the same key form one retry group.",
-    ),
-]
-
-
-async def raw_body(request: Request) -> dict[str, Any]:
-    # The typed model validated the body; the backend gets the client's own fields, unchanged.
-    return await request.json()
-
-
-def check_token_cap(values: dict[str, int | None], cap: int) -> None:
-    for name, value in values.items():
-        if value is not None and value > cap:
-            raise APIError(
-                400,
-                f"{name} {value} exceeds this gateway's cap of {cap} (RLGW_MAX_TOKENS_CAP)",
-                code="max_tokens_too_large",
-                param=name,
-            )
 
 
 def check_limits(body: GenerationRequest, settings: Settings) -> None:
@@ -58,15 +34,6 @@ def check_limits(body: GenerationRequest, settings: Settings) -> None:
         )
 
 
-def bind_session(caller: Caller, session_id: str | None) -> str | None:
-    """The session a generation call is made in (None: an implicit one of its own)."""
-    if caller.session_id is not None and session_id is None:
-        session_id = caller.session_id  # a session token always works in its own session
-    if session_id is not None:
-        caller.require_session(session_id, "completions")
-    return session_id
-
-
 async def _generate(
     api: str,
     body: GenerationRequest,
@@ -79,7 +46,7 @@ async def _generate(
     session_id = bind_session(caller, session_id)
     check_limits(body, ctx.settings)
     return await ctx.proxy.generate(
-        Surface(api, await raw_body(request)),
+        OpenAISurface(api, await raw_body(request)),
         session_id,
         idempotency_key,
         request.receive,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..auth import Caller, CallerDep
-from ..deps import ContextDep
+from ..auth import Caller
+from ..deps import CallerDep, ContextDep
 from ..errors import OPENAI_TAG
-from ..openai.router import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
+from ..proxy.params import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
 from .protocol import ResponsesRequest
 from .surface import ResponsesSurface
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import APIError
-from ..openai.shaping import CHAT, NOTHING_EXTRA, StreamAssembly
-from ..openai.surface import StreamShaper, Surface, sse_event
+from ..proxy.assembly import StreamAssembly
+from ..proxy.shaping import CHAT, NOTHING_EXTRA
+from ..proxy.sse import sse_event
+from ..proxy.surface import StreamShaper, Surface
 from .translate import (
     function_call_item,
     message_item,
@@ -25,16 +27,15 @@ class ResponsesSurface(Surface):
     translated = True
 
     def __init__(self, body: dict[str, Any]) -> None:
-        self.api = RESPONSES
-        self.wire = CHAT
-        self.body = body
-        self.wire_body = to_chat(body)
-        self.asks = NOTHING_EXTRA
+        super().__init__(
+            api=RESPONSES,
+            wire=CHAT,
+            body=body,
+            wire_body=to_chat(body),
+            asks=NOTHING_EXTRA,
+            record_prefix="resp_",
+        )
         self.logprobs = wants_logprobs(body)
-
-    @property
-    def record_prefix(self) -> str:
-        return "resp_"
 
     def reply(self, payload: dict[str, Any], record_id: str) -> tuple[dict, list[dict]]:
         choice = (payload.get("choices") or [{}])[0]

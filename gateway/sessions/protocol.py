@@ -8,22 +8,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from rlgw.trajectory import RewardOut
+from rlgw.trajectory import RecordVerdict, RewardOut
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-COMPLETION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+from ..ids import COMPLETION_ID_PATTERN, GROUP_ID_PATTERN, SESSION_ID_PATTERN
+
 PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 
 
 class SessionCreate(BaseModel):
     id: str | None = Field(
         default=None,
-        pattern=ID_PATTERN,
+        pattern=SESSION_ID_PATTERN,
         description="Your own id for the session; generated when absent.",
     )
     group_id: str | None = Field(
         default=None,
-        pattern=ID_PATTERN,
+        pattern=GROUP_ID_PATTERN,
         description="Sessions sharing a group id are normalized together.",
     )
     group_size: int | None = Field(
@@ -70,15 +70,11 @@ class SessionPublic(BaseModel):
     closed_at: datetime | None
 
 
-class CompletionSummary(BaseModel):
+class CompletionSummary(RecordVerdict):
     id: str
     status: str
     finish_reason: str | None
     policy_version: int | None
-    eligible: bool
-    eligibility_reason: str | None
-    is_orphan: bool
-    orphan_reason: str | None
     retry_group: str | None
     sibling_group: str | None
     parent_id: str | None

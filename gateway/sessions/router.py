@@ -10,11 +10,12 @@ from pydantic import BaseModel, Field
 
 from rlgw.trajectory import RewardOut, Trajectory, load_trajectory
 
-from ..auth import DEFAULT_TOKEN_SCOPES, SCOPES, CallerDep
-from ..deps import ContextDep, DbDep
+from ..auth import DEFAULT_TOKEN_SCOPES, SCOPES
+from ..deps import CallerDep, ContextDep, DbDep
 from ..errors import APIError, ErrorResponse
+from ..ids import SESSION_ID_PATTERN
 from . import service
-from .protocol import ID_PATTERN, RewardCreate, SessionCreate, SessionDetail, SessionPublic
+from .protocol import RewardCreate, SessionCreate, SessionDetail, SessionPublic
 
 router = APIRouter(
     prefix="/v1/sessions",
@@ -22,7 +23,7 @@ router = APIRouter(
     responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}},
 )
 
-SessionId = Annotated[str, Path(pattern=ID_PATTERN, description="The session's id.")]
+SessionId = Annotated[str, Path(pattern=SESSION_ID_PATTERN, description="The session's id.")]
 IdempotencyKey = Annotated[
     str | None,
     Header(

@@ -14,6 +14,7 @@ from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
 from rlgw.settings import Settings
 from rlgw.trajectory import DEFAULT_SIBLING_NORMALIZATION, RewardOut
 
+from ..auth import tenant_sees
 from ..errors import APIError, session_not_found
 from .protocol import CompletionSummary, RewardCreate, SessionCreate, SessionDetail, SessionPublic
 
@@ -23,8 +24,8 @@ def _not_found(session_id: str) -> APIError:
 
 
 def _visible(session: AgentSession | None, tenant: str | None) -> bool:
-    """A session exists for a caller of `tenant` (None: auth off, every session does)."""
-    return session is not None and (tenant is None or session.tenant == tenant)
+    """A session exists for a caller of `tenant`."""
+    return session is not None and tenant_sees(tenant, session.tenant)
 
 
 async def visible_session(db: AsyncSession, session_id: str, tenant: str | None) -> AgentSession:
@@ -70,7 +71,7 @@ async def _join_group(
             select(SessionGroup).where(SessionGroup.id == body.group_id).with_for_update()
         )
     ).scalar_one()
-    if tenant is not None and group.tenant != tenant:
+    if not tenant_sees(tenant, group.tenant):
         # Another tenant's sessions would share (and skew) its reward normalization.
         raise APIError(
             409,
@@ -134,9 +135,7 @@ async def session_detail(
                 Completion.status,
                 Completion.finish_reason,
                 Completion.policy_version,
-                Completion.eligible,
-                Completion.eligibility_reason,
-                Completion.is_orphan,
+                Completion.ineligible_reasons,
                 Completion.orphan_reason,
                 Completion.retry_group,
                 Completion.sibling_group,
@@ -147,7 +146,7 @@ async def session_detail(
             .order_by(Completion.created_at, Completion.id)
         )
     ).all()
-    orphans = {c.id for c in completions if c.is_orphan}
+    orphans = {c.id for c in completions if c.orphan_reason is not None}
     rewards = (
         await db.scalars(select(Reward).where(Reward.session_id == session_id).order_by(Reward.id))
     ).all()
@@ -195,7 +194,7 @@ async def _final_completion(db: AsyncSession, session_id: str) -> str:
     """The session's final kept completion. When the last request asked for several choices
     (n > 1) and the conversation went on from none of them, "final" names no single completion:
     the reward must name the sibling it is for."""
-    kept = Completion.session_id == session_id, Completion.is_orphan.is_(False)
+    kept = Completion.session_id == session_id, Completion.orphan_reason.is_(None)
     final = (
         await db.execute(
             select(Completion.id, Completion.sibling_group)
@@ -239,7 +238,7 @@ async def _target_completion(db: AsyncSession, session_id: str, completion_id: s
             code="completion_not_found",
             param="completion_id",
         )
-    if target.is_orphan:
+    if target.orphan_reason is not None:
         raise APIError(
             409,
             f"completion {completion_id} is a retry orphan "
@@ -256,7 +255,7 @@ async def _counts(db: AsyncSession, reward: Reward) -> bool:
     if reward.completion_id is None:
         return True
     target = await db.get(Completion, reward.completion_id)
-    return target is None or not target.is_orphan
+    return target is None or target.orphan_reason is None
 
 
 async def add_reward(

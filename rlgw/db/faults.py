@@ -31,6 +31,11 @@ def is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
 
 
+def describe(exc: BaseException) -> str:
+    """`exc` for a log line: its type, and its message when it has one."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def is_timeout(exc: BaseException) -> bool:
     """True when the database did not answer in the time allowed (an attempt cut off, or no
     pooled connection free in time): a slow database and an unreachable one look the same here,

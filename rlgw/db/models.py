@@ -20,7 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSON, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {
@@ -215,8 +215,11 @@ class Completion(Base):
         comment="the choices of one request with n > 1 share it (the record id of choice 0); "
         "null for n = 1",
     )
-    is_orphan: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
-    orphan_reason: Mapped[str | None] = mapped_column(Text)
+    orphan_reason: Mapped[str | None] = mapped_column(
+        Text,
+        comment="why lineage did not keep it (a superseded retry, or it continues an orphan); "
+        "null: kept",
+    )
     parent_id: Mapped[str | None] = mapped_column(String(64))
     continuation_hash: Mapped[str | None] = mapped_column(
         String(64), comment="sha256 of the request's sequence followed by this output"
@@ -224,8 +227,12 @@ class Completion(Base):
     continuation_len: Mapped[int | None] = mapped_column(
         Integer, comment="length of that sequence (messages, tokens or characters)"
     )
-    eligible: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
-    eligibility_reason: Mapped[str | None] = mapped_column(Text)
+    ineligible_reasons: Mapped[list[str]] = mapped_column(
+        ARRAY(Text),
+        default=list,
+        server_default="{}",
+        comment="every reason training must not use it (rlgw/eligibility.py); empty: eligible",
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.doubtful_journal import DoubtfulJournal, journal_directory
+from gateway.recording.doubtful_journal import DoubtfulJournal, journal_directory
 
 
 def test_the_directory_depends_on_the_database_not_on_the_password(tmp_path: Path) -> None:

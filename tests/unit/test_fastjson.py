@@ -8,9 +8,8 @@ import math
 
 import pytest
 
-from gateway.openai.fastjson import FastJSONResponse, dumps, loads
-from gateway.openai.service import _sse_lines
-from gateway.openai.surface import sse, sse_event
+from gateway.proxy.fastjson import FastJSONResponse, dumps, loads
+from gateway.proxy.sse import sse, sse_event, sse_lines
 
 
 def _stdlib(payload: object) -> bytes:
@@ -60,12 +59,12 @@ class _Upstream:
 
 def _lines(reads: list[bytes]) -> list[bytes]:
     async def collect() -> list[bytes]:
-        return [line async for line in _sse_lines(_Upstream(reads))]
+        return [line async for line in sse_lines(_Upstream(reads))]
 
     return asyncio.run(collect())
 
 
-def test_sse_lines_end_at_cr_lf_or_crlf_even_across_reads() -> None:
+def testsse_lines_end_at_cr_lf_or_crlf_even_across_reads() -> None:
     reads = [b"data: a\r", b"\ndata: b\n\ndata: \xe2\x80\xa8c\rdata: d", b"\r\n", b"data: [DONE]"]
     assert _lines(reads) == [
         b"data: a",

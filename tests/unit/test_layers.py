@@ -54,6 +54,9 @@ def test_the_layer_contracts_hold() -> None:
         ("gateway/limits.py", "import trainer.loss", "gateway and trainer never import each other"),
         ("trainer/loss.py", "import gateway.errors", "gateway and trainer never import each other"),
         ("rlgw/registry.py", "import rlgw.cli.output", "never imports the composition root"),
+        ("gateway/responses/router.py", "import gateway.openai.surface", "three API surfaces"),
+        ("gateway/proxy/routing.py", "import gateway.openai.router", "gateway's layers"),
+        ("rlgw/db/engine.py", "import rlgw.registry", "no import circles"),
     ],
 )
 def test_a_wrong_way_import_breaks_a_contract(

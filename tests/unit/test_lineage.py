@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime, timedelta
 
-from gateway.lineage import (
+from gateway.recording.lineage import (
     LineageRow,
     continuation,
     find_parent,

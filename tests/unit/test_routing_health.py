@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from gateway.backend_health import SLOW_STRIKES, probe_all
 from gateway.errors import APIError
-from gateway.routing import BackendPool, BackendView
+from gateway.proxy.backend_health import SLOW_STRIKES, probe_all
+from gateway.proxy.routing import BackendPool, BackendView
 
 MODEL = "m"
 

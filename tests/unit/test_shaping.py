@@ -1,9 +1,9 @@
 """What the backend is asked for, and what the client is shown."""
 
-from gateway.openai.shaping import (
+from gateway.proxy.assembly import StreamAssembly
+from gateway.proxy.shaping import (
     CHAT,
     COMPLETIONS,
-    StreamAssembly,
     client_asks,
     extract,
     make_visible,
@@ -101,9 +101,10 @@ def test_stream_assembly_joins_chunks_and_tool_call_deltas():
             ]
         }
     )
-    assert asm.tokens.prompt_token_ids == [1, 2]
-    assert asm.tokens.output_token_ids == [5, 6]
-    assert asm.tokens.output_logprobs == [-0.1, -0.2]
+    tokens = asm.choices[0].tokens
+    assert tokens.prompt_token_ids == [1, 2]
+    assert tokens.output_token_ids == [5, 6]
+    assert tokens.output_logprobs == [-0.1, -0.2]
     message = asm.response("chatcmpl-r")["choices"][0]["message"]
     assert message["content"] == "Hi"
     assert message["tool_calls"][0]["function"] == {"name": "get", "arguments": '{"a":1}'}

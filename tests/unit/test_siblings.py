@@ -6,16 +6,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.lineage import LineageRow, find_parent, resolve_orphans, sequence_hash
-from gateway.openai.shaping import (
+from gateway.proxy.assembly import StreamAssembly
+from gateway.proxy.shaping import (
     CHAT,
-    StreamAssembly,
     client_asks,
     extract_choices,
     make_visible,
     only_choice,
     sibling_id,
 )
+from gateway.recording.lineage import LineageRow, find_parent, resolve_orphans, sequence_hash
 from rlgw.trajectory import Step, sibling_groups
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -107,11 +107,9 @@ def step(cid: str, group: str | None, reward: float | None) -> Step:
         prompt_token_ids=[1],
         output_token_ids=[2],
         output_logprobs=[-1.0],
-        output_versions=[0],
         finish_reason="stop",
         sibling_group=group,
-        eligible=True,
-        eligibility_reason=None,
+        ineligible_reasons=[],
         rewards=[],
         reward_raw=reward,
         response=None,

@@ -9,7 +9,7 @@ import pytest
 from gateway.anthropic import translate as msg
 from gateway.anthropic.surface import MessagesSurface
 from gateway.errors import APIError
-from gateway.openai.shaping import StreamAssembly
+from gateway.proxy.assembly import StreamAssembly
 from gateway.responses import translate as resp
 from gateway.responses.surface import ResponsesSurface
 

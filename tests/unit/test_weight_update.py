@@ -10,7 +10,7 @@ import torch
 
 from trainer.parity import ProbeScores
 from trainer.swap.coordinator import SwapPlan
-from trainer.swap.vllm_control import ControlError, VllmControl
+from trainer.vllm_control import ControlError, VllmControl
 from trainer.weight_update import FILE_KINDS, DeltaFile, FullFile, stored_update
 
 SCORES = ProbeScores((-1.0,), 0, -1.0)

@@ -30,9 +30,8 @@ from rlgw import backend_state as bs
 from rlgw.db.models import Backend
 from rlgw.registry import version_label
 from trainer.parity import ProbeScores
+from trainer.vllm_control import ControlError, VllmControl
 from trainer.weight_update.base import WeightUpdate
-
-from .vllm_control import ControlError, VllmControl
 
 ADVISORY_LOCK_NAMESPACE = 7_262_001  # pg_advisory_lock(namespace, backend id): one swap at a time
 CONTROL_TIMEOUT_S = 120.0  # longest wait for one control call: a stage is refused after it

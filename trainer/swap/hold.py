@@ -25,9 +25,9 @@ from sqlalchemy import and_, func, update
 
 from rlgw import backend_state as bs
 from rlgw.db.models import Backend
+from trainer.vllm_control import ControlError, VllmControl
 
 from .coordinator import SwapCoordinator
-from .vllm_control import ControlError, VllmControl
 
 HOLD_REASON = "colocated: generation paused while the trainer updates"
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trainer.parity import ProbeScores, served_scores
-from trainer.swap.vllm_control import VllmControl
+from trainer.vllm_control import VllmControl
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any, Self
 
 import torch
 
-from trainer.swap.vllm_control import VllmControl
+from trainer.vllm_control import VllmControl
 from trainer.vllm_worker import validate_update
 from trainer.weights import apply_delta, load_full, read_update, write_update
 

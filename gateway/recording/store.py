@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rlgw.db.models import AgentSession, Backend, Completion
+from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, NOT_FOLLOWING, add_reason
 
 from .lineage_store import link_into_session
-from .routing import CROSSED_SWAP, NOT_FOLLOWING
-
-if TYPE_CHECKING:
-    from .recording import CompletionRecord
+from .record import CompletionRecord
 
 log = logging.getLogger("rlgw.recording")
 
@@ -56,7 +54,7 @@ async def _settle_swap_doubts(conn: AsyncConnection, records: list[CompletionRec
     its backend's epoch first, so an epoch still equal to the lease's means no swap touched the
     request; a changed one counts as crossed (even when the swap began after the request ended:
     never a guessed label)."""
-    unverified = [r for r in records if r.exclusion_reason == NOT_FOLLOWING]
+    unverified = [r for r in records if r.swap_doubt == NOT_FOLLOWING]
     if not unverified:
         return
     epochs = dict(
@@ -69,7 +67,7 @@ async def _settle_swap_doubts(conn: AsyncConnection, records: list[CompletionRec
         ).all()
     )
     for r in unverified:
-        r.exclusion_reason = None if epochs.get(r.backend_id) == r.lease_epoch else CROSSED_SWAP
+        r.swap_doubt = None if epochs.get(r.backend_id) == r.lease_epoch else CROSSED_SWAP
 
 
 def _implicit_session(r: CompletionRecord) -> dict[str, Any]:
@@ -132,16 +130,17 @@ async def _link_named(conn: AsyncConnection, records: list[CompletionRecord]) ->
         await link_into_session(conn, session_id, named[session_id])
 
 
-async def mark_ineligible(engine: AsyncEngine, doubtful: dict[str, str], reason: str) -> list[str]:
-    """Mark the still-eligible completions among `doubtful` (id -> session id) ineligible, with
-    `reason`; return the ids marked. Their sessions are locked first, as in `store_batch`."""
+async def mark_doubtful(engine: AsyncEngine, doubtful: dict[str, str]) -> list[str]:
+    """Add DOUBTFUL_COMMIT to the reasons of the stored completions among `doubtful` (id ->
+    session id) that lack it; return their ids. Their sessions are locked first, as in
+    `store_batch`."""
     async with engine.begin() as conn:
         await _lock_sessions(conn, set(doubtful.values()))
+        mark = update(Completion).where(Completion.id.in_(doubtful))
         marked = await conn.execute(
-            update(Completion)
-            .where(Completion.id.in_(doubtful), Completion.eligible.is_(True))
-            .values(eligible=False, eligibility_reason=reason)
-            .returning(Completion.id)
+            add_reason(mark, Completion.ineligible_reasons, DOUBTFUL_COMMIT).returning(
+                Completion.id
+            )
         )
         return list(marked.scalars().all())
 

@@ -9,7 +9,7 @@ import psycopg
 
 from rlgw.backend_state import CHANNEL
 from rlgw.db.engine import DEFAULT_CONNECT_TIMEOUT_S, connect_args
-from rlgw.embedded_pg import to_libpq_uri
+from rlgw.db.urls import to_libpq_uri
 
 from .routing import BackendPool
 

@@ -13,9 +13,9 @@ A retry after a connection failure first settles the earlier attempt, whose COMM
 landed: it locks the batch's session rows (waiting out a transaction the server is still
 finishing), then skips the records already stored, so nothing is stored twice. A record given up
 on after such a failure may still have been committed by its last attempt although its caller was
-told it failed: once the database answers again it is marked ineligible (`DOUBTFUL_REASON`). Until
-then its id is kept in a file journal (`doubtful_journal.py`), so a gateway stopped meanwhile
-leaves the marking to the next one.
+told it failed: once the database answers again it is marked ineligible (`DOUBTFUL_COMMIT`,
+`doubtful.py`). Until then its id is kept in a file journal (`doubtful_journal.py`), so a gateway
+stopped meanwhile leaves the marking to the next one.
 """
 
 from __future__ import annotations
@@ -23,118 +23,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rlgw.db.faults import DatabaseUnavailable, is_connection_error, is_timeout
-from rlgw.db.token_arrays import pack_ids, pack_logprobs
-from rlgw.evidence import evidence_problem
+from rlgw.db.faults import DatabaseUnavailable, describe, is_connection_error, is_timeout
 
+from ..errors import APIError, database_timeout, database_unavailable
+from .doubtful import DoubtfulCommits
 from .doubtful_journal import DoubtfulJournal
-from .errors import APIError, database_timeout, database_unavailable
-from .record_store import mark_ineligible, store_batch
+from .record import CompletionRecord
+from .store import store_batch
 
 log = logging.getLogger("rlgw.recording")
 
-DOUBTFUL_REASON = "the database failed during its commit and the client was told the call failed"
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
 _MIN_ATTEMPT_S = 2.0  # an attempt is cut off at the record's deadline, but never sooner than this
 _RECHECK_S = 1.0  # how often an idle writer retries marking doubtful records
-
-
-@dataclass
-class CompletionRecord:
-    """Everything the gateway learned about one completion, before packing for storage."""
-
-    id: str
-    session_id: str
-    implicit_session: bool
-    api: str
-    model: str
-    stream: bool
-    request: dict[str, Any]
-    created_at: datetime
-    tenant: str | None = None  # of an implicit session (a named session already has its own)
-    backend_id: int | None = None
-    policy_version: int | None = None
-    prompt_token_ids: list[int] | None = None
-    output_token_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    status: str = "incomplete"
-    status_reason: str | None = None
-    response: dict[str, Any] | None = None
-    # Responses/Messages: the chat completion body sent to the backend in the request's place.
-    backend_request: dict[str, Any] | None = None
-    latency_ms: float | None = None
-    ttft_ms: float | None = None
-    finished_at: datetime | None = None
-    # Lineage: the sequence the request was conditioned on (not stored), and what is derived.
-    sequence: Any = None
-    retry_group: str | None = None
-    sibling_group: str | None = None
-    continuation_hash: str | None = None
-    continuation_len: int | None = None
-    parent_id: str | None = None
-    is_orphan: bool = False
-    orphan_reason: str | None = None
-    # Why training must not use it although its evidence is complete (session closed meanwhile,
-    # or the request crossed a weight swap).
-    exclusion_reason: str | None = None
-    # The backend's swap epoch when the request was leased. A record excluded as NOT_FOLLOWING
-    # (finished while the gateway was not following the registry) is settled at its write by
-    # comparing it with the epoch in the registry.
-    lease_epoch: int | None = None
-
-    def row(self) -> dict[str, Any]:
-        problem = (
-            evidence_problem(
-                status=self.status,
-                finish_reason=self.finish_reason,
-                policy_version=self.policy_version,
-                prompt_token_ids=self.prompt_token_ids,
-                output_token_ids=self.output_token_ids,
-                output_logprobs=self.output_logprobs,
-            )
-            or self.exclusion_reason
-        )
-        return {
-            "id": self.id,
-            "session_id": self.session_id,
-            "api": self.api,
-            "model": self.model,
-            "backend_id": self.backend_id,
-            "policy_version": self.policy_version,
-            "prompt_token_ids": None
-            if self.prompt_token_ids is None
-            else pack_ids(self.prompt_token_ids),
-            "output_token_ids": pack_ids(self.output_token_ids),
-            "output_logprobs": pack_logprobs(self.output_logprobs),
-            "finish_reason": self.finish_reason,
-            "status": self.status,
-            "status_reason": self.status_reason,
-            "stream": self.stream,
-            "latency_ms": self.latency_ms,
-            "ttft_ms": self.ttft_ms,
-            "request": self.request,
-            "response": self.response,
-            "backend_request": self.backend_request,
-            "eligible": problem is None,
-            "eligibility_reason": problem,
-            "retry_group": self.retry_group,
-            "sibling_group": self.sibling_group,
-            "continuation_hash": self.continuation_hash,
-            "continuation_len": self.continuation_len,
-            "parent_id": self.parent_id,
-            "is_orphan": self.is_orphan,
-            "orphan_reason": self.orphan_reason,
-            "created_at": self.created_at,
-            "finished_at": self.finished_at,
-        }
 
 
 @dataclass
@@ -160,39 +66,29 @@ class Recorder:
         journal: DoubtfulJournal | None = None,
     ) -> None:
         self._engine = engine
-        self._journal = journal
+        self._doubtful = DoubtfulCommits(engine, journal)
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=queue_size)
         self._batch_size = batch_size
         self._retry_s = retry_s
         self._task: asyncio.Task | None = None
         self._database_down = False  # the last attempt failed at the connection
-        self._doubtful: dict[str, str] = {}  # completion id -> session id, to mark ineligible
         self.written = 0
         self.failed = 0
         self.retries = 0  # attempts that failed at the connection and were retried or given up
         self.timeouts = 0  # of those, attempts cut off because the database did not answer
 
     def start(self) -> None:
-        if self._journal is not None:
-            self._doubtful.update(self._journal.adopt())
+        self._doubtful.adopt()
         self._task = asyncio.create_task(self._run(), name="rlgw-recorder")
 
     async def stop(self) -> None:
         """Write what is queued (each record waits at most its retry time), then stop."""
         await self._queue.join()
-        await self._mark_doubtful()
+        await self._doubtful.mark()
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._doubtful:
-            log.error(
-                "stopping with %d completion(s) whose commit outcome is unknown: %s (%s)",
-                len(self._doubtful),
-                ", ".join(sorted(self._doubtful)),
-                "NOT journaled"
-                if self._journal is None
-                else f"journaled in {self._journal.path}; the next start marks them",
-            )
+        self._doubtful.log_unmarked()
 
     @property
     def backlog(self) -> int:
@@ -251,7 +147,7 @@ class Recorder:
                 try:
                     first = await asyncio.wait_for(self._queue.get(), _RECHECK_S)
                 except TimeoutError:
-                    await self._mark_doubtful()
+                    await self._doubtful.mark()
                     continue
             else:
                 first = await self._queue.get()
@@ -260,7 +156,7 @@ class Recorder:
                 batch.append(self._queue.get_nowait())
             try:
                 if not self._database_down:  # else it would only delay the batch
-                    await self._mark_doubtful()
+                    await self._doubtful.mark()
                 await self._write_batch(batch)
             finally:
                 for _ in batch:
@@ -317,7 +213,7 @@ class Recorder:
                     "database %s while recording %d completion(s) (%s); retrying",
                     "too slow" if is_timeout(exc) else "unavailable",
                     sum(len(p.records) for p in batch),
-                    _describe(exc),
+                    describe(exc),
                 )
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
@@ -331,17 +227,8 @@ class Recorder:
     def _fail(self, batch: list[_Pending], exc: Exception) -> None:
         doubtful = [r for pending in batch if pending.doubtful for r in pending.records]
         if doubtful:
-            self._doubtful.update((r.id, r.session_id) for r in doubtful)
-            self._journal_write(lambda journal: journal.write(self._doubtful))
+            self._doubtful.add(doubtful)
         self._settle(batch, exc)
-
-    def _journal_write(self, action) -> None:
-        if self._journal is None:
-            return
-        try:
-            action(self._journal)
-        except OSError as exc:  # the ids are still held in memory and logged at stop
-            log.error("could not write the doubtful-commit journal: %s", _describe(exc))
 
     def _settle(self, batch: list[_Pending], exc: Exception | None) -> None:
         for pending in batch:
@@ -352,38 +239,10 @@ class Recorder:
                 log.error(
                     "completion %s not recorded: %s",
                     ", ".join(r.id for r in pending.records),
-                    _describe(exc),
+                    describe(exc),
                 )
             if pending.done is not None and not pending.done.done():
                 if exc is None:
                     pending.done.set_result(None)
                 else:
                     pending.done.set_exception(exc)
-
-    async def _mark_doubtful(self) -> None:
-        """Mark ineligible the records given up on whose last commit may have landed (their
-        callers were told they failed). Kept for a later try while the database is down."""
-        if not self._doubtful:
-            return
-        doubtful = dict(self._doubtful)
-        try:
-            async with asyncio.timeout(_MIN_ATTEMPT_S):
-                ids = await mark_ineligible(self._engine, doubtful, DOUBTFUL_REASON)
-        except Exception as exc:
-            log.warning(
-                "could not mark %d doubtful completion(s) yet: %s", len(doubtful), _describe(exc)
-            )
-            return
-        for completion_id in doubtful:
-            self._doubtful.pop(completion_id, None)
-        self._journal_write(lambda journal: journal.settled(self._doubtful))
-        if ids:
-            log.warning(
-                "completion(s) %s were stored although their callers were told they failed: "
-                "marked ineligible",
-                ", ".join(ids),
-            )
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -7,9 +7,11 @@ import re
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from .errors import APIError, session_not_found
+from ..auth import tenant_sees
+from ..errors import APIError, session_not_found
+from ..ids import SESSION_ID_PATTERN
 
-SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
 IMPLICIT_PREFIX = "auto-"
 
 # One round trip: create the session if it is new (owned by the caller's tenant), and read its
@@ -29,7 +31,7 @@ _OPEN_OR_CREATE = text(
 
 
 def validate_session_id(session_id: str) -> str:
-    if not SESSION_ID_PATTERN.fullmatch(session_id):
+    if not _SESSION_ID.fullmatch(session_id):
         raise APIError(
             400,
             "session id must be 1-128 characters of letters, digits and . _ : - "
@@ -55,7 +57,7 @@ async def open_session(
                 await db.execute(text("SELECT status, tenant FROM sessions WHERE id = :id"), params)
             ).one()
     status, owner = row
-    if tenant is not None and owner != tenant:
+    if not tenant_sees(tenant, owner):
         raise session_not_found(session_id)
     if status != "open":
         raise APIError(

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from rlgw.db.models import AgentSession, Completion
 
 from .lineage import LineageRow, find_parent, resolve_orphans
-
-if TYPE_CHECKING:
-    from .recording import CompletionRecord
+from .record import CompletionRecord
 
 
 async def link_into_session(
     db: AsyncConnection, session_id: str, new: list[CompletionRecord]
 ) -> None:
-    """Give each new record its parent and orphan flag; re-flag earlier completions that changed."""
+    """Give each new record its parent, its orphan reason and its session's status; re-mark the
+    earlier completions whose orphan reason changed."""
     status = (
         await db.execute(
             select(AgentSession.status).where(AgentSession.id == session_id).with_for_update()
@@ -35,7 +32,6 @@ async def link_into_session(
                 Completion.continuation_hash,
                 Completion.continuation_len,
                 Completion.sibling_group,
-                Completion.is_orphan,
                 Completion.orphan_reason,
             ).where(Completion.session_id == session_id)
         )
@@ -56,19 +52,14 @@ async def link_into_session(
                 rec.sibling_group,
             )
         )
-        if status != "open":
-            rec.exclusion_reason = f"session was {status} before this completion was recorded"
+        rec.session_status = status  # a session no longer open excludes it from training
     reasons = resolve_orphans(rows)
     for rec in new:
         rec.orphan_reason = reasons[rec.id]
-        rec.is_orphan = rec.orphan_reason is not None
     for completion_id, old_reason in before.items():
         if reasons[completion_id] != old_reason:
             await db.execute(
                 update(Completion)
                 .where(Completion.id == completion_id)
-                .values(
-                    is_orphan=reasons[completion_id] is not None,
-                    orphan_reason=reasons[completion_id],
-                )
+                .values(orphan_reason=reasons[completion_id])
             )

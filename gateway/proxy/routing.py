@@ -13,18 +13,13 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from rlgw.db.models import Backend, RegisteredModel
+from rlgw.eligibility import CROSSED_SWAP, NOT_FOLLOWING
 
-from .errors import APIError
+from ..errors import APIError
 
 log = logging.getLogger("rlgw.routing")
 
 ACTIVE = "active"
-# Why a completion's tokens may not all come from its stamped version (`BackendPool.swap_doubt`).
-CROSSED_SWAP = "the request crossed a weight swap of its backend"
-NOT_FOLLOWING = (
-    "the gateway was not following backend swaps when the request finished (registry "
-    "connection lost): a swap cannot be ruled out"
-)
 RETRY_AFTER_S = 5
 
 

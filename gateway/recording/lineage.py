@@ -1,4 +1,5 @@
-"""Retry lineage and conversation parents (DESIGN.md invariant 3), as pure functions.
+"""Retry lineage and conversation parents (docs/architecture.md, "Evidence, retries and rewards"),
+as pure functions.
 
 A completion's *sequence* is what it was conditioned on: for chat, one digest per message; for
 text completions, the prompt's token ids or its text. Its *continuation* is that sequence plus its

@@ -1,0 +1,1 @@
+"""The proxy core the three API surfaces share: routing to backends, relaying, recording calls."""

@@ -1,0 +1,141 @@
+"""Streaming: forward the backend's server-sent events to the client, recording every token, and
+end the stream only once the records are stored."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+from fastapi.responses import StreamingResponse
+
+from ..errors import APIError
+from ..recording.recorder import Recorder
+from .assembly import StreamAssembly
+from .call import Call, fill, ms_since
+from .fastjson import loads
+from .sse import sse_lines
+
+
+class RecordedStream(StreamingResponse):
+    """A StreamingResponse that always closes its generator, so a disconnect is recorded at once.
+
+    `on_abandon` runs when the client left before the generator ever started (it then holds a
+    backend lease and an open upstream stream that nobody else would release).
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], on_abandon: Any, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_abandon = on_abandon
+
+    async def stream_response(self, send: Any) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                await self._on_abandon()
+
+
+class Relay:
+    """Forwards one upstream SSE stream to the client, recording every token on the way."""
+
+    def __init__(
+        self,
+        call: Call,
+        upstream: httpx.Response,
+        held: contextlib.AsyncExitStack,
+        recorder: Recorder,
+    ) -> None:
+        self.call, self.upstream, self.held, self.recorder = call, upstream, held, recorder
+        self.started = False
+        self.released = False
+
+    async def _release(self) -> None:
+        if not self.released:
+            self.released = True
+            with anyio.CancelScope(shield=True):
+                await self.upstream.aclose()
+                await self.held.aclose()
+
+    async def abandon(self) -> None:
+        if not self.started and not self.released:
+            await self._release()
+            self.recorder.record_nowait(
+                self.call.finish("incomplete", "client disconnected before the stream started")
+            )
+
+    def _take(self, line: bytes, out: list[bytes]) -> tuple[str, str | None] | None:
+        """Take one line of the backend's stream, adding the client's events to `out`; the
+        outcome once the line ends the stream."""
+        if not line.startswith(b"data:"):
+            return None
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            if self.assembly.finished(len(self.call.records)):
+                return ("complete", None)
+            return ("incomplete", "stream ended without a finish reason")
+        chunk = loads(data, errors="replace")
+        if not isinstance(chunk, dict):
+            raise ValueError(f"not a stream chunk: {data[:100].decode(errors='replace')!r}")
+        if "error" in chunk:
+            out.append(self.shaper.backend_error(chunk))
+            return ("error", f"backend error in stream: {json.dumps(chunk['error'])[:500]}")
+        call = self.call
+        if call.record.ttft_ms is None and chunk.get("choices"):
+            ttft = ms_since(call.t0)
+            for r in call.records:
+                r.ttft_ms = ttft
+        self.assembly.add(chunk)
+        out.extend(self.shaper.chunk(chunk))
+        return None
+
+    async def run(self) -> AsyncIterator[bytes]:
+        """Relay chunks as they come; end the stream only after the records are committed."""
+        self.started = True
+        call = self.call
+        assembly = self.assembly = StreamAssembly(call.surface.wire)
+        shaper = self.shaper = call.surface.shaper(assembly, call.record.id)
+        outcome: tuple[str, str | None] = ("incomplete", "client disconnected before the end")
+        out: list[bytes] = []  # events not sent yet
+        try:
+            if start := shaper.start():
+                yield b"".join(start)
+            async for line in sse_lines(self.upstream):
+                ended = self._take(line, out)
+                if out:  # the events of one chunk in one write
+                    batch, out = b"".join(out), []
+                    yield batch
+                if ended:
+                    outcome = ended
+                    break
+            else:
+                outcome = ("incomplete", "backend stream ended without [DONE]")
+        except (httpx.HTTPError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+            outcome = ("incomplete", f"backend stream cut: {exc!r}")
+        finally:
+            await self._release()
+            for index, r in enumerate(call.records):
+                if index in assembly.choices:
+                    fill(r, assembly.choices[index].tokens)
+                    call.choices[index] = assembly.choice_view(index)
+                    r.response = shaper.record_response(index)
+                elif r.prompt_token_ids is None:
+                    r.prompt_token_ids = assembly.prompt_token_ids
+            call.finish(*outcome)
+            if outcome[0] != "complete":  # also runs when the client disconnected (cancellation)
+                self.recorder.record_nowait(call.records)
+        if outcome[0] == "complete":
+            try:
+                await self.recorder.record(call.records)
+            except APIError as exc:  # never report success for a completion that was not stored
+                yield shaper.error(exc)
+                return
+            if end := shaper.finish():
+                yield b"".join(end)
+        elif outcome[0] == "incomplete":  # after the events of the lines before the cut
+            reason = f"stream did not complete: {outcome[1]}"
+            yield b"".join(out) + shaper.error(APIError(502, reason, code="stream_incomplete"))

@@ -1,0 +1,1 @@
+"""Recording completions durably: the record, its writer and transactions, and retry lineage."""
