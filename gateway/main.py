@@ -59,7 +59,7 @@ def create_app(
         async with httpx.AsyncClient(
             timeout=timeout, limits=limits, transport=upstream_transport
         ) as http:
-            pool = BackendPool(sessions)
+            pool = BackendPool(sessions, hold_timeout_s=settings.backend_hold_s)
             await pool.refresh()
             recorder = Recorder(
                 engine,

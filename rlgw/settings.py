@@ -165,6 +165,13 @@ class Settings(BaseSettings):
         description="Largest |served - reference| probe log-prob accepted after a swap "
         "(1e-4 suits fp32 serving; bf16 needs a looser bound).",
     )
+    backend_hold_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a request waits at the gateway when no backend of its model is in "
+        "routing (a swap, or a colocated trainer's update) before it fails with 503. Raise it "
+        "above the longest colocated update, so that no request fails during one.",
+    )
     backend_refresh_s: float = Field(
         default=5.0, gt=0, description="How often each gateway re-reads the backend registry."
     )

@@ -22,6 +22,13 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 BackendId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
+class HeardPublic(BaseModel):
+    state: str
+    served_version: int | None
+    swap_epoch: int
+    at: float  # when this process learnt it (Unix time): compare with the row's updated_at
+
+
 class BackendPublic(BaseModel):
     id: int
     model: str
@@ -34,6 +41,7 @@ class BackendPublic(BaseModel):
     reachable_here: bool
     unreachable_reason: str | None
     updated_at: datetime
+    heard_here: list[HeardPublic]  # the last registry changes this process learnt, oldest first
 
 
 class VersionPublic(BaseModel):
@@ -62,6 +70,7 @@ def _public(backend: Backend, model: str, here: BackendView | None) -> BackendPu
         reachable_here=here.reachable if here else True,
         unreachable_reason=here.unreachable_reason if here else None,
         updated_at=backend.updated_at,
+        heard_here=[HeardPublic(**vars(h)) for h in here.heard] if here else [],
     )
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
@@ -21,6 +23,18 @@ log = logging.getLogger("rlgw.routing")
 
 ACTIVE = "active"
 RETRY_AFTER_S = 5
+HEARD_KEPT = 32  # registry changes kept per backend in this process's log
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A registry change as this process learnt it: the state it read, and when (wall clock).
+    The propagation delay of a change is `at` minus the registry row's `updated_at`."""
+
+    state: str
+    served_version: int | None
+    swap_epoch: int
+    at: float
 
 
 @dataclass
@@ -36,6 +50,18 @@ class BackendView:
     swap_epoch: int
     in_flight: int = 0
     unreachable_reason: str | None = None
+    heard: deque[Heard] = field(default_factory=lambda: deque(maxlen=HEARD_KEPT))
+
+    def hear(self, state: str, served_version: int | None, swap_epoch: int) -> None:
+        """Take the registry's state; log it when routing-relevant facts changed."""
+        changed = (state, served_version, swap_epoch) != (
+            self.state,
+            self.served_version,
+            self.swap_epoch,
+        )
+        self.state, self.served_version, self.swap_epoch = state, served_version, swap_epoch
+        if changed or not self.heard:
+            self.heard.append(Heard(state, served_version, swap_epoch, time.time()))
 
     @property
     def in_service(self) -> bool:
@@ -88,7 +114,7 @@ class BackendPool:
             seen.add(backend.id)
             view = self._by_id.get(backend.id)
             if view is None:
-                self._by_id[backend.id] = BackendView(
+                view = self._by_id[backend.id] = BackendView(
                     backend.id,
                     model_name,
                     backend.url,
@@ -100,8 +126,7 @@ class BackendPool:
                 if view.url != backend.url:  # another server now: its health is unknown
                     view.unreachable_reason = None
                 view.model, view.url = model_name, backend.url
-                view.state, view.served_version = backend.state, backend.served_version
-                view.swap_epoch = backend.swap_epoch
+            view.hear(backend.state, backend.served_version, backend.swap_epoch)
         for gone in set(self._by_id) - seen:
             del self._by_id[gone]
         async with self._changed:
