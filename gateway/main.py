@@ -27,6 +27,7 @@ from .doubtful_journal import DoubtfulJournal, journal_directory
 from .errors import install_error_handlers
 from .health import router as health_router
 from .limits import Limiter, ReleaseSlots
+from .metrics.install import install_metrics
 from .openai.router import router as openai_router
 from .openai.service import ProxyService
 from .recording import Recorder
@@ -68,6 +69,7 @@ def create_app(
                 retry_s=settings.record_retry_s,
                 journal=DoubtfulJournal(journal_directory(settings.home, settings.database_url)),
             )
+            recorder.on_recorded = app.state.metrics.completion_recorded
             recorder.start()
             app.state.context = GatewayContext(
                 settings=settings,
@@ -114,6 +116,7 @@ def create_app(
     app = FastAPI(title="RL Gateway", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(ReleaseSlots)
+    install_metrics(app)  # after the other middleware: it times them too
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(responses_router)

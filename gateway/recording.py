@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -89,6 +90,7 @@ class CompletionRecord:
     # (finished while the gateway was not following the registry) is settled at its write by
     # comparing it with the epoch in the registry.
     lease_epoch: int | None = None
+    ineligible_reasons: list[str] = field(default_factory=list)  # set by row(): metrics hook
 
     def row(self) -> dict[str, Any]:
         problem = (
@@ -102,6 +104,7 @@ class CompletionRecord:
             )
             or self.exclusion_reason
         )
+        self.ineligible_reasons = [r for r in (problem, self.orphan_reason) if r]
         return {
             "id": self.id,
             "session_id": self.session_id,
@@ -171,6 +174,7 @@ class Recorder:
         self.failed = 0
         self.retries = 0  # attempts that failed at the connection and were retried or given up
         self.timeouts = 0  # of those, attempts cut off because the database did not answer
+        self.on_recorded: Callable[[list[str]], None] = lambda reasons: None  # metrics hook
 
     def start(self) -> None:
         if self._journal is not None:
@@ -347,6 +351,8 @@ class Recorder:
         for pending in batch:
             if exc is None:
                 self.written += len(pending.records)
+                for record in pending.records:
+                    self.on_recorded(record.ineligible_reasons)
             else:
                 self.failed += len(pending.records)
                 log.error(
@@ -377,6 +383,8 @@ class Recorder:
         for completion_id in doubtful:
             self._doubtful.pop(completion_id, None)
         self._journal_write(lambda journal: journal.settled(self._doubtful))
+        for _ in ids:
+            self.on_recorded([DOUBTFUL_REASON])
         if ids:
             log.warning(
                 "completion(s) %s were stored although their callers were told they failed: "

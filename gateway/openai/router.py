@@ -12,6 +12,7 @@ from rlgw.settings import Settings
 from ..auth import Caller, CallerDep
 from ..deps import ContextDep, header_session_id
 from ..errors import OPENAI_TAG, APIError
+from ..metrics.middleware import label_model
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .shaping import CHAT, COMPLETIONS
 from .surface import Surface
@@ -30,7 +31,9 @@ IdempotencyKey = Annotated[
 
 async def raw_body(request: Request) -> dict[str, Any]:
     # The typed model validated the body; the backend gets the client's own fields, unchanged.
-    return await request.json()
+    body = await request.json()
+    label_model(request, body.get("model"))
+    return body
 
 
 def check_token_cap(values: dict[str, int | None], cap: int) -> None:
