@@ -23,6 +23,7 @@ from .backend_events import follow_registry
 from .backend_health import watch_backends
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
+from .dashboard.router import router as dashboard_router
 from .doubtful_journal import DoubtfulJournal, journal_directory
 from .errors import install_error_handlers
 from .health import router as health_router
@@ -127,4 +128,5 @@ def create_app(
     app.include_router(admin_keys_router)
     app.include_router(register_router)
     app.include_router(health_router)
+    app.include_router(dashboard_router)
     return app
