@@ -289,7 +289,15 @@ def test_database_gauges_match_the_rows(stack: Stack):
                     f'"step_s": {version * 1.5}, "swaps": {{"{stack.backend_id}": "{outcome}"}}}}',
                 },
             )
-        conn.execute(text("UPDATE models SET current_version = 3 WHERE id = :m"), {"m": model_id})
+        # Version 4 is committed, its swap not yet recorded: no pause or step time so far.
+        conn.execute(
+            text(
+                "INSERT INTO policy_versions (model_id, version, kind, metrics) VALUES "
+                """(:m, 4, 'delta', '{"reward_mean": 0.875}')"""
+            ),
+            {"m": model_id},
+        )
+        conn.execute(text("UPDATE models SET current_version = 4 WHERE id = :m"), {"m": model_id})
         # 1,005 versions of the spare model: only the latest 1,000 are counted; the latest
         # reports an outcome the trainer does not write, counted as "other".
         spare_id = conn.execute(
@@ -313,13 +321,13 @@ def test_database_gauges_match_the_rows(stack: Stack):
     engine.dispose()
     with stack.admin() as admin:
         samples = scrape(admin)
-    assert value(samples, "rlgw_model_current_version", model=MODEL_NAME) == 3
+    assert value(samples, "rlgw_model_current_version", model=MODEL_NAME) == 4
     assert value(samples, "rlgw_model_current_version", model=SPARE) == 0
     assert (
         value(
             samples, "rlgw_backend_versions_behind", model=MODEL_NAME, backend=str(stack.backend_id)
         )
-        == 3
+        == 4
     )
     assert value(samples, "rlgw_trainer_backlog_sessions") == 2
     assert 119 <= value(samples, "rlgw_trainer_backlog_oldest_seconds") < 180
@@ -329,7 +337,7 @@ def test_database_gauges_match_the_rows(stack: Stack):
     assert value(samples, "rlgw_recent_swaps", model=SPARE, outcome="other") == 1
     assert value(samples, "rlgw_last_swap_pause_seconds", model=MODEL_NAME) == pytest.approx(0.3)
     assert value(samples, "rlgw_last_step_seconds", model=MODEL_NAME) == pytest.approx(4.5)
-    assert value(samples, "rlgw_last_reward_mean", model=MODEL_NAME) == pytest.approx(0.75)
+    assert value(samples, "rlgw_last_reward_mean", model=MODEL_NAME) == pytest.approx(0.875)
     assert value(samples, "rlgw_metrics_scrape_errors_total", source="database") == 0
 
 

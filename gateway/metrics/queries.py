@@ -4,7 +4,7 @@ dashboard. Each is one bounded statement; `read_only` runs them under a statemen
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +116,28 @@ async def versions(conn: AsyncConnection, per_model: int) -> list[dict[str, Any]
         }
         for model, version, kind, created_at, reward, pause_s, step_s, swaps in rows
     ]
+
+
+async def latest_values(
+    conn: AsyncConnection, fields: Sequence[str]
+) -> dict[tuple[str, str], float]:
+    """For each model and field of policy_versions.metrics, the value of the latest version
+    holding it as a number: (model, field) -> value. A version whose swap is still running has
+    no `pause_s` yet; the one before it answers meanwhile."""
+    rows = await conn.execute(
+        text(
+            "SELECT m.name, f.field, (SELECT pv.metrics -> f.field FROM policy_versions pv "
+            "  WHERE pv.model_id = m.id AND pv.metrics -> f.field IS NOT NULL "
+            "  ORDER BY pv.version DESC LIMIT 1) "
+            "FROM models m CROSS JOIN unnest(CAST(:fields AS text[])) AS f(field)"
+        ),
+        {"fields": list(fields)},
+    )
+    return {
+        (model, field): number
+        for model, field, value in rows
+        if (number := _number(value)) is not None
+    }
 
 
 async def held_out_rewards(conn: AsyncConnection) -> dict[tuple[str, int], tuple[float, int]]:

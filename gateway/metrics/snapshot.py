@@ -16,7 +16,8 @@ from . import queries
 
 # What trainer/swap/coordinator.py reports; anything else is counted as "other".
 SWAP_OUTCOMES = frozenset({"swapped", "rolled_back", "refused", "failed", "skipped"})
-LATEST_VERSION_FIELDS = (
+# policy_versions.metrics fields exposed as gauges of the latest version that holds each.
+LATEST_FIELDS = (
     ("pause_s", "rlgw_last_swap_pause_seconds", "Longest backend pause in the latest swap"),
     ("step_s", "rlgw_last_step_seconds", "The latest version's whole update step (train + swap)"),
     ("reward_mean", "rlgw_last_reward_mean", "Mean training reward of the latest version's batch"),
@@ -30,7 +31,7 @@ class Snapshot:
     backlog_sessions: int
     backlog_oldest_age_s: float
     swaps: dict[tuple[str, str], int]
-    latest: dict[str, dict]  # model -> its latest version's row of queries.versions
+    latest: dict[tuple[str, str], float]  # (model, metrics field) -> its latest value
 
 
 async def read_snapshot(engine: AsyncEngine, timeout_s: float) -> Snapshot:
@@ -44,7 +45,7 @@ async def read_snapshot(engine: AsyncEngine, timeout_s: float) -> Snapshot:
                 backlog_sessions=backlog,
                 backlog_oldest_age_s=oldest,
                 swaps=await queries.recent_swaps(conn),
-                latest={v["model"]: v for v in await queries.versions(conn, per_model=1)},
+                latest=await queries.latest_values(conn, [f for f, _, _ in LATEST_FIELDS]),
             )
 
 
@@ -93,11 +94,11 @@ class SnapshotCollector:
         for labels, count in sorted(outcomes.items()):
             swaps.add_metric(labels, count)
         yield swaps
-        for field, name, documentation in LATEST_VERSION_FIELDS:
+        for field, name, documentation in LATEST_FIELDS:
             family = GaugeMetricFamily(name, documentation, labels=("model",))
-            for model, row in s.latest.items():
-                if row[field] is not None:
-                    family.add_metric((model,), row[field])
+            for (model, of), number in sorted(s.latest.items()):
+                if of == field:
+                    family.add_metric((model,), number)
             yield family
 
 
