@@ -21,7 +21,7 @@ from rlgw.db.migrate import upgrade
 from rlgw.registry import register_backend
 
 from conftest import ADMIN_KEY, MODEL_NAME, LiveServer, free_port, gateway_settings
-from pg_fault_proxy import PgFaultProxy
+from pg_fault_proxy import REFUSE, PgFaultProxy
 
 SPARE = "spare"  # a model whose one backend nothing listens on
 CHAT = [{"role": "user", "content": "Count to three."}]
@@ -345,15 +345,25 @@ def test_database_gauges_match_the_rows(stack: Stack):
 
 
 @pytest.fixture(scope="module")
-def proxied(make_database: Callable[[], str]) -> Iterator[tuple[str, PgFaultProxy]]:
-    """A gateway (no backends) whose database is reached through a fault proxy."""
+def proxied(
+    make_database: Callable[[], str], vllm_url: str, tiny_model_dir: Path
+) -> Iterator[tuple[str, PgFaultProxy]]:
+    """A gateway whose database is reached through a fault proxy, giving up on a record after
+    1 s without the database."""
     db_url = make_database()
     upgrade(db_url)
     target = make_url(db_url)
     if not target.host or target.host.startswith("/"):
         pytest.skip("the test Postgres is not reached over TCP")
+    engine = make_sync_engine(db_url)
+    register_backend(
+        sync_session_factory(engine), MODEL_NAME, vllm_url, model_path=str(tiny_model_dir)
+    )
+    engine.dispose()
     with PgFaultProxy(target.host, target.port or 5432) as proxy:
-        settings = gateway_settings(proxy.url_for(db_url), database_connect_timeout_s=2)
+        settings = gateway_settings(
+            proxy.url_for(db_url), database_connect_timeout_s=2, record_retry_s=1.0
+        )
         with LiveServer(create_app(settings), free_port()) as live:
             yield live.url, proxy
 
@@ -380,3 +390,44 @@ def test_a_failed_database_read_is_counted_and_the_rest_still_answers(proxied):
             "the database-derived metrics come back",
             timeout_s=20,
         )
+
+
+def test_a_doubtful_commit_is_counted_once_marked(proxied):
+    """The COMMIT lands, its answer is lost and the database stays away past the retry time:
+    the caller gets 503 (a failed record); once the database is back the row is marked, and
+    only then counted, as doubtful_commit."""
+    url, proxy = proxied
+    with httpx.Client(base_url=url, timeout=60, headers={"X-Admin-Key": ADMIN_KEY}) as admin:
+        wait_until(
+            lambda: admin.get("/healthz").json()["registry"]["following"],
+            "the gateway follows the registry",
+            timeout_s=30,
+        )
+        before = scrape(admin)
+        proxy.trap_commit(nth=1, forward=True, then=REFUSE)
+        try:
+            reply = admin.post(
+                "/v1/chat/completions",
+                json={"model": MODEL_NAME, "messages": CHAT, "max_tokens": 4},
+            )
+            assert reply.status_code == 503, reply.text
+            assert proxy.trap_sprung.is_set()
+        finally:
+            proxy.resume()
+        doubtful = {"eligible": "false", "reason": "doubtful_commit"}
+
+        def marked() -> bool:
+            return value(scrape(admin), "rlgw_completions_recorded_total", **doubtful) == 1
+
+        wait_until(marked, "the doubtful row is marked and counted", timeout_s=30)
+        after = scrape(admin)
+    assert (
+        value(after, "rlgw_recorder_failed_total") - value(before, "rlgw_recorder_failed_total")
+        == 1
+    )
+    assert value(after, "rlgw_recorder_written_total") == value(
+        before, "rlgw_recorder_written_total"
+    )
+    assert value(after, "rlgw_completions_recorded_total", eligible="true", reason="") == value(
+        before, "rlgw_completions_recorded_total", eligible="true", reason=""
+    )
