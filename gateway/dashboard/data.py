@@ -4,7 +4,6 @@ and this process's completions by eligibility and recorder counters (from memory
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from datetime import UTC, datetime
@@ -16,23 +15,21 @@ from ..metrics.registry import GatewayMetrics
 
 log = logging.getLogger("rlgw.dashboard")
 VERSIONS_SHOWN = 200  # per model, the latest
-DATABASE_READ_TIMEOUT_S = 3.0
 
 
 async def _from_database(ctx: GatewayContext) -> dict[str, Any]:
-    async with asyncio.timeout(DATABASE_READ_TIMEOUT_S):
-        async with queries.read_only(ctx.engine, DATABASE_READ_TIMEOUT_S) as conn:
-            versions = await queries.versions(conn, per_model=VERSIONS_SHOWN)
-            held_out = await queries.held_out_rewards(conn)
-            backends = await queries.backend_versions(conn)
-            backlog, oldest = await queries.trainer_backlog(conn)
-            return {
-                "models": await queries.current_versions(conn),
-                "versions": [_with_held_out(v, held_out) for v in versions],
-                "backends": [vars(b) for b in backends],
-                "sessions_by_status": await queries.sessions_by_status(conn),
-                "trainer_backlog": {"sessions": backlog, "oldest_age_s": oldest},
-            }
+    async with queries.bounded_read(ctx.engine) as conn:
+        versions = await queries.versions(conn, per_model=VERSIONS_SHOWN)
+        held_out = await queries.held_out_rewards(conn)
+        backends = await queries.backend_versions(conn)
+        backlog, oldest = await queries.trainer_backlog(conn)
+        return {
+            "models": await queries.current_versions(conn),
+            "versions": [_with_held_out(v, held_out) for v in versions],
+            "backends": [vars(b) for b in backends],
+            "sessions_by_status": await queries.sessions_by_status(conn),
+            "trainer_backlog": {"sessions": backlog, "oldest_age_s": oldest},
+        }
 
 
 def _with_held_out(version: dict[str, Any], held_out: dict[tuple[str, int], tuple[float, int]]):

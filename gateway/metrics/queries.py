@@ -1,8 +1,9 @@
 """Small reads of the registry, the trainer's versions and its backlog, shared by /metrics and the
-dashboard. Each is one bounded statement; `read_only` runs them under a statement timeout."""
+dashboard. Each is one bounded statement; `bounded_read` runs them under a timeout."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -12,13 +13,18 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 SWAP_WINDOW = 1000  # swaps are counted over each model's latest this many versions
+# A scrape or a dashboard poll answers within this even when the database does not (Prometheus
+# waits 10 s by default).
+READ_TIMEOUT_S = 3.0
 
 
 @contextlib.asynccontextmanager
-async def read_only(engine: AsyncEngine, timeout_s: float) -> AsyncIterator[AsyncConnection]:
-    """A read-only transaction whose statements the server cancels after `timeout_s` (the
-    caller bounds the connect and the whole read with its own timeout too)."""
-    async with engine.connect() as conn:
+async def bounded_read(
+    engine: AsyncEngine, timeout_s: float = READ_TIMEOUT_S
+) -> AsyncIterator[AsyncConnection]:
+    """A read-only transaction, connect included, cut off after `timeout_s` (TimeoutError); the
+    server cancels its statements then too."""
+    async with asyncio.timeout(timeout_s), engine.connect() as conn:
         await conn.execute(text("SET TRANSACTION READ ONLY"))
         await conn.execute(
             text("SELECT set_config('statement_timeout', :ms, true)"),

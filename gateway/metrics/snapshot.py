@@ -3,7 +3,6 @@ Prometheus families by a collector of that scrape alone."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,19 +33,18 @@ class Snapshot:
     latest: dict[tuple[str, str], float]  # (model, metrics field) -> its latest value
 
 
-async def read_snapshot(engine: AsyncEngine, timeout_s: float) -> Snapshot:
-    """Everything in one read-only transaction, cut off after `timeout_s` (TimeoutError)."""
-    async with asyncio.timeout(timeout_s):
-        async with queries.read_only(engine, timeout_s) as conn:
-            backlog, oldest = await queries.trainer_backlog(conn)
-            return Snapshot(
-                current_versions=await queries.current_versions(conn),
-                backends=await queries.backend_versions(conn),
-                backlog_sessions=backlog,
-                backlog_oldest_age_s=oldest,
-                swaps=await queries.recent_swaps(conn),
-                latest=await queries.latest_values(conn, [f for f, _, _ in LATEST_FIELDS]),
-            )
+async def read_snapshot(engine: AsyncEngine) -> Snapshot:
+    """Everything in one bounded read-only transaction (TimeoutError when it takes too long)."""
+    async with queries.bounded_read(engine) as conn:
+        backlog, oldest = await queries.trainer_backlog(conn)
+        return Snapshot(
+            current_versions=await queries.current_versions(conn),
+            backends=await queries.backend_versions(conn),
+            backlog_sessions=backlog,
+            backlog_oldest_age_s=oldest,
+            swaps=await queries.recent_swaps(conn),
+            latest=await queries.latest_values(conn, [f for f, _, _ in LATEST_FIELDS]),
+        )
 
 
 class SnapshotCollector:
