@@ -21,9 +21,11 @@ from .anthropic.router import router as anthropic_router
 from .auth import AuthService
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
+from .dashboard.router import router as dashboard_router
 from .errors import install_error_handlers
 from .health import router as health_router
 from .limits import Limiter, ReleaseSlots
+from .metrics.install import install_metrics
 from .openai.router import router as openai_router
 from .proxy.backend_events import follow_registry
 from .proxy.backend_health import watch_backends
@@ -68,6 +70,7 @@ def create_app(
                 retry_s=settings.record_retry_s,
                 journal=DoubtfulJournal(journal_directory(settings.home, settings.database_url)),
             )
+            recorder.on_recorded = app.state.metrics.completion_recorded
             recorder.start()
             app.state.context = GatewayContext(
                 settings=settings,
@@ -114,6 +117,7 @@ def create_app(
     app = FastAPI(title="RL Gateway", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(ReleaseSlots)
+    install_metrics(app)  # after the other middleware: it times them too
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(responses_router)
@@ -124,4 +128,5 @@ def create_app(
     app.include_router(admin_keys_router)
     app.include_router(register_router)
     app.include_router(health_router)
+    app.include_router(dashboard_router)
     return app

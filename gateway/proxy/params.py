@@ -10,6 +10,9 @@ from fastapi import Depends, Header, Request
 from ..auth import Caller
 from ..errors import APIError
 
+# Where a request's model name is left for the metrics middleware to read (request.state).
+MODEL_STATE_KEY = "rlgw_model"
+
 
 def header_session_id(
     x_session_id: Annotated[
@@ -32,7 +35,10 @@ IdempotencyKey = Annotated[
 
 async def raw_body(request: Request) -> dict[str, Any]:
     # The typed model validated the body; the backend gets the client's own fields, unchanged.
-    return await request.json()
+    body = await request.json()
+    model = body.get("model")  # for the request metrics (gateway/metrics/middleware.py)
+    setattr(request.state, MODEL_STATE_KEY, model if isinstance(model, str) else None)
+    return body
 
 
 def check_token_cap(values: dict[str, int | None], cap: int) -> None:

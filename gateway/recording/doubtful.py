@@ -44,10 +44,11 @@ class DoubtfulCommits:
         self._pending.update((r.id, r.session_id) for r in records)
         self._journal(lambda journal: journal.write(self._pending))
 
-    async def mark(self) -> None:
-        """Add DOUBTFUL_COMMIT to the stored ones; kept for a later try if the database is down."""
+    async def mark(self) -> list[str]:
+        """Add DOUBTFUL_COMMIT to the stored ones; kept for a later try if the database is down.
+        Returns the ids it marked (the stored ones)."""
         if not self._pending:
-            return
+            return []
         doubtful = dict(self._pending)
         try:
             async with asyncio.timeout(MARK_TIMEOUT_S):
@@ -56,7 +57,7 @@ class DoubtfulCommits:
             log.warning(
                 "could not mark %d doubtful completion(s) yet: %s", len(doubtful), describe(exc)
             )
-            return
+            return []
         for completion_id in doubtful:
             self._pending.pop(completion_id, None)
         self._journal(lambda journal: journal.settled(self._pending))
@@ -66,6 +67,7 @@ class DoubtfulCommits:
                 "marked ineligible",
                 ", ".join(ids),
             )
+        return list(ids)
 
     def log_unmarked(self) -> None:
         """At stop: say which are left, and where the next start will find them."""

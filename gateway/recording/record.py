@@ -52,8 +52,21 @@ class CompletionRecord:
     session_status: str | None = None
     swap_doubt: str | None = None
     lease_epoch: int | None = None
+    # What row() decided, with the orphan reason (for the metrics of recorded completions).
+    verdict: list[str] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
+        reasons = ineligible_reasons(
+            status=self.status,
+            finish_reason=self.finish_reason,
+            policy_version=self.policy_version,
+            prompt_token_ids=self.prompt_token_ids,
+            output_token_ids=self.output_token_ids,
+            output_logprobs=self.output_logprobs,
+            session_status=self.session_status,
+            swap_doubt=self.swap_doubt,
+        )
+        self.verdict = [*reasons, *([self.orphan_reason] if self.orphan_reason else [])]
         return {
             "id": self.id,
             "session_id": self.session_id,
@@ -75,16 +88,7 @@ class CompletionRecord:
             "request": self.request,
             "response": self.response,
             "backend_request": self.backend_request,
-            "ineligible_reasons": ineligible_reasons(
-                status=self.status,
-                finish_reason=self.finish_reason,
-                policy_version=self.policy_version,
-                prompt_token_ids=self.prompt_token_ids,
-                output_token_ids=self.output_token_ids,
-                output_logprobs=self.output_logprobs,
-                session_status=self.session_status,
-                swap_doubt=self.swap_doubt,
-            ),
+            "ineligible_reasons": reasons,
             "retry_group": self.retry_group,
             "sibling_group": self.sibling_group,
             "continuation_hash": self.continuation_hash,

@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rlgw.db.faults import DatabaseUnavailable, describe, is_connection_error, is_timeout
+from rlgw.eligibility import DOUBTFUL_COMMIT
 
 from ..errors import APIError, database_timeout, database_unavailable
 from .doubtful import DoubtfulCommits
@@ -76,6 +78,8 @@ class Recorder:
         self.failed = 0
         self.retries = 0  # attempts that failed at the connection and were retried or given up
         self.timeouts = 0  # of those, attempts cut off because the database did not answer
+        # Told the verdict of every stored completion (its reasons; [] when trainable): metrics.
+        self.on_recorded: Callable[[list[str]], None] = lambda reasons: None
 
     def start(self) -> None:
         self._doubtful.adopt()
@@ -84,7 +88,7 @@ class Recorder:
     async def stop(self) -> None:
         """Write what is queued (each record waits at most its retry time), then stop."""
         await self._queue.join()
-        await self._doubtful.mark()
+        self._recorded_doubtful(await self._doubtful.mark())
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -147,7 +151,7 @@ class Recorder:
                 try:
                     first = await asyncio.wait_for(self._queue.get(), _RECHECK_S)
                 except TimeoutError:
-                    await self._doubtful.mark()
+                    self._recorded_doubtful(await self._doubtful.mark())
                     continue
             else:
                 first = await self._queue.get()
@@ -156,7 +160,7 @@ class Recorder:
                 batch.append(self._queue.get_nowait())
             try:
                 if not self._database_down:  # else it would only delay the batch
-                    await self._doubtful.mark()
+                    self._recorded_doubtful(await self._doubtful.mark())
                 await self._write_batch(batch)
             finally:
                 for _ in batch:
@@ -230,10 +234,16 @@ class Recorder:
             self._doubtful.add(doubtful)
         self._settle(batch, exc)
 
+    def _recorded_doubtful(self, ids: list[str]) -> None:
+        for _ in ids:
+            self.on_recorded([DOUBTFUL_COMMIT])
+
     def _settle(self, batch: list[_Pending], exc: Exception | None) -> None:
         for pending in batch:
             if exc is None:
                 self.written += len(pending.records)
+                for record in pending.records:
+                    self.on_recorded(record.verdict)
             else:
                 self.failed += len(pending.records)
                 log.error(

@@ -1,0 +1,1 @@
+"""Prometheus metrics of a gateway process: counters fed in-process, state read at scrape time."""
