@@ -101,6 +101,7 @@ def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Sta
         MODEL_NAME,
         TrainerConfig(lr=1e-2, batch_sessions=8),
         placement=Placement("colocated"),
+        log=(lines := []).append,
     )
     before = copy.deepcopy(trainer.model)
     states: list[tuple[str, str | None]] = []
@@ -143,6 +144,9 @@ def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Sta
     assert report is not None and report.version is not None
     assert [s.outcome for s in report.swaps] == ["swapped"]
     assert report.metrics["hold_s"] > 0
+    assert not [line for line in lines if line.startswith("[hold]")], lines  # sleep, wake: 200
+    events = colocated.home / "runs" / MODEL_NAME  # the version's TensorBoard scalars
+    assert any(p.name.startswith("events.out.tfevents") for p in events.iterdir())
     assert ("draining", HOLD_REASON) in states  # generation was out of routing for the update
     assert states[-1] == ("active", None)  # and came back
     assert not errors, errors[:3]
