@@ -51,13 +51,17 @@ def single_process_update() -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     return weights(model), metrics
 
 
-def test_two_processes_make_the_single_process_update(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    run = subprocess.run(
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(free_port()), str(WORKER), "--out", str(out)],
+         "--master-port", str(free_port()), str(WORKER), *args],
         env=env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+
+
+def test_two_processes_make_the_single_process_update(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = torchrun("--out", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[rank 1] 1 of 6 micro-batches" in run.stdout  # rank 1 ran 5 empty ones to keep up
     gathered = load_file(str(out / "weights.safetensors"))
@@ -108,6 +112,13 @@ def test_a_rank_that_dies_mid_step_fails_the_step_on_the_others(tmp_path: Path) 
     assert rank0.returncode != 0, rank0.stdout + rank0.stderr
     assert "Error" in rank0.stderr  # the survivor raised: its peer is gone
     assert not (out / "committed").exists() and not (out / "weights.safetensors").exists()
+
+
+def test_torchrun_fails_when_a_rank_dies(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = torchrun("--out", str(out), "--crash-rank", "1", "--timeout-s", "30")
+    assert run.returncode != 0 and "exitcode  : 17" in run.stderr
+    assert not (out / "committed").exists()
 
 
 def test_a_rank_that_hangs_fails_the_step_after_the_group_timeout(tmp_path: Path) -> None:
