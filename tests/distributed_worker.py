@@ -21,15 +21,20 @@ from trainer.config import TrainerConfig  # noqa: E402
 from trainer.device import prepare_model  # noqa: E402
 from trainer.distributed import (  # noqa: E402
     broadcast_samples,
+    full_optimizer_state,
     gather_full_state,
     init_distributed,
     is_rank0,
+    load_full_state,
+    load_optimizer_state,
     shard_model,
     shutdown_distributed,
 )
 from trainer.update import plan_update, policy_update  # noqa: E402
 
 CONFIG = dict(max_tokens_per_sample=48, max_tokens_per_microbatch=48, grad_clip=1e9, device="cpu")
+# With momentum, SGD's first step is still theta - lr * g, and its state holds g (to gather).
+OPTIMIZER = dict(lr=0.1, momentum=0.9)
 
 
 def main() -> int:
@@ -42,8 +47,13 @@ def main() -> int:
     torch.set_num_threads(1)
     ctx = init_distributed("cpu", timeout_s=args.timeout_s)
     config = TrainerConfig(**CONFIG)
-    model = shard_model(prepare_model(tiny_model(), config, ctx.device))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    # Rank 0 alone has the right weights (it would materialize the version); the others start
+    # from other ones and get rank 0's through load_full_state.
+    start = tiny_model(0 if is_rank0() else 99)
+    full = {k: v.detach().clone() for k, v in start.named_parameters()} if is_rank0() else None
+    model = shard_model(prepare_model(start, config, ctx.device))
+    load_full_state(model, full)
+    optimizer = torch.optim.SGD(model.parameters(), **OPTIMIZER)
     samples = broadcast_samples(interleaved_samples() if is_rank0() else None)
     if ctx.rank == args.crash_rank:  # die in the middle of the step, after the first forward
         model.model.layers[0].register_forward_hook(lambda *a: os._exit(17))
@@ -54,9 +64,16 @@ def main() -> int:
     print(f"[rank {ctx.rank}] {real} of {len(plan.microbatches[0])} micro-batches", flush=True)
     metrics = policy_update(model, optimizer, samples, config, PAD_ID)
     weights = gather_full_state(model)
+    moments = full_optimizer_state(model, optimizer)
+    fresh = torch.optim.SGD(model.parameters(), **OPTIMIZER)
+    load_optimizer_state(model, fresh, moments or None)  # and back: a restarted trainer's path
+    again = full_optimizer_state(model, fresh)
     if is_rank0():
         args.out.mkdir(parents=True, exist_ok=True)
         save_file(weights, str(args.out / "weights.safetensors"))
+        buffers = {k: v["momentum_buffer"] for k, v in moments["state"].items()}
+        assert all(torch.equal(v["momentum_buffer"], buffers[k]) for k, v in again["state"].items())
+        save_file(buffers, str(args.out / "momentum.safetensors"))
         (args.out / "metrics.json").write_text(json.dumps(metrics))
         (args.out / "committed").write_text("ok")
     shutdown_distributed()

@@ -40,15 +40,17 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def single_process_update() -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def single_process_update() -> tuple[dict, dict, dict]:
+    """(weights, metrics, momentum buffers by name) of the same update in this process."""
     sys.path.insert(0, str(WORKER.parent))
-    from distributed_worker import CONFIG
+    from distributed_worker import CONFIG, OPTIMIZER
 
     model = tiny_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), **OPTIMIZER)
     config = TrainerConfig(**CONFIG)
     metrics = policy_update(model, optimizer, interleaved_samples(), config, PAD_ID)
-    return weights(model), metrics
+    buffers = {n: optimizer.state[p]["momentum_buffer"] for n, p in model.named_parameters()}
+    return weights(model), metrics, buffers
 
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
@@ -60,13 +62,19 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_two_processes_make_the_single_process_update(tmp_path: Path) -> None:
+    """Rank 1 starts from other weights and receives rank 0's (load_full_state) first."""
     out = tmp_path / "out"
     run = torchrun("--out", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[rank 1] 1 of 6 micro-batches" in run.stdout  # rank 1 ran 5 empty ones to keep up
     gathered = load_file(str(out / "weights.safetensors"))
-    expected, metrics = single_process_update()
+    expected, metrics, buffers = single_process_update()
     assert_same_update(gathered, expected, weights(tiny_model()), RTOL)
+    # The optimizer state gathers whole too (SGD's momentum buffer is the first gradient).
+    momentum = load_file(str(out / "momentum.safetensors"))
+    assert momentum.keys() == buffers.keys()
+    for name, buffer in buffers.items():
+        torch.testing.assert_close(momentum[name], buffer, rtol=1e-5, atol=1e-9, msg=name)
     distributed = json.loads((out / "metrics.json").read_text())
     for key in ("loss", "grad_norm", "tokens", "kl_behave"):
         assert distributed[key] == pytest.approx(metrics[key], rel=1e-6), key

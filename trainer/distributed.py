@@ -94,6 +94,42 @@ def gather_full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def load_full_state(model: torch.nn.Module, state: dict[str, torch.Tensor] | None) -> None:
+    """Rank 0's full weights (by HF name, as gather_full_state gives them; None elsewhere) into
+    every rank's shards, so that only rank 0 needs the version chain (materialize). A tied
+    weight comes once, under its first name, and fills its alias too. A collective; on one
+    process it simply loads them."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    many = collectives.world_size() > 1
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many, strict=False)
+    result = set_model_state_dict(model, state if is_rank0() else {}, options=options)
+    names = dict(model.named_parameters())  # one name per tensor, as `state` has them
+    missing = [k for k in result.missing_keys if k in names]
+    if is_rank0() and missing:
+        raise KeyError(f"weights missing from the state loaded: {missing[:5]}")
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's whole state (moments unsharded, on the CPU, keyed by parameter name) on
+    rank 0, for trainer.optimizer_state to save; {} elsewhere. A collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_optimizer_state_dict(model, optimizer, options=options)
+    return state if is_rank0() else {}
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state) -> None:
+    """full_optimizer_state's dict (on rank 0; None elsewhere) back into every rank's shards.
+    Call it before the optimizer's first step: a fresh optimizer's state is made for it then."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    many = collectives.world_size() > 1
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many)
+    set_optimizer_state_dict(model, optimizer, state if is_rank0() else {}, options=options)
+
+
 def broadcast_samples(samples: list[Sample] | None) -> list[Sample]:
     """Rank 0's samples on every rank (others pass None); the update splits them by rank."""
     if collectives.world_size() == 1:

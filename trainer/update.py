@@ -134,6 +134,7 @@ def _optimise(
         grad_norms += collectives.clip_grad_norm(model.parameters(), config.grad_clip) * n_tokens
         optimizer.step()
         steps.append(i)
+    optimizer.zero_grad(set_to_none=True)  # free the gradients until the next update
     totals = collectives.all_reduce(torch.tensor(sums, dtype=torch.float64, device=device)).tolist()
     tokens = max(totals[-1], 1.0)
     out = {k: v / tokens for k, v in zip(METRICS, totals[:-1], strict=True)}

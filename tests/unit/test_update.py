@@ -153,3 +153,21 @@ def test_an_out_of_memory_after_a_step_says_what_to_restore() -> None:
         update(model, samples, cfg, optimizer)
     assert caught.value.steps_taken == 1
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_state_helpers_work_in_one_process_too() -> None:
+    from trainer.distributed import full_optimizer_state, load_full_state, load_optimizer_state
+
+    model, other = tiny_model(0), tiny_model(5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    update(model, random_samples(4), config(max_tokens_per_microbatch=64), optimizer)
+    load_full_state(other, weights(model))
+    mine, theirs = weights(other), weights(model)
+    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
+    saved = full_optimizer_state(model, optimizer)
+    assert set(saved["state"]) == set(weights(model))  # keyed by parameter name
+    fresh = torch.optim.AdamW(other.parameters(), lr=1e-3)
+    load_optimizer_state(other, fresh, saved)
+    assert torch.equal(
+        fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"]
+    )
