@@ -69,8 +69,9 @@ def raw_step(model, optimizer, batch, dtype: str, world: int) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def worker(args: argparse.Namespace) -> dict:
-    """One configuration (dtype, 1 or 2 processes): interleaved raw and update steps."""
+def worker(args: argparse.Namespace) -> dict | None:
+    """One configuration (dtype, 1 or 2 processes): interleaved raw and update steps. The
+    result on rank 0, None on the other ranks."""
     ctx = distributed.init_distributed("cpu")
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // ctx.world_size))
     config = TrainerConfig(device="cpu", dtype=args.dtype, max_tokens_per_microbatch=8192)
@@ -108,12 +109,15 @@ def worker(args: argparse.Namespace) -> dict:
     }
     result["update_over_raw"] = result["update_tokens_per_s"] / result["raw_tokens_per_s"]
     distributed.shutdown_distributed()
-    return result
+    return result if ctx.rank == 0 else None
 
 
 def launch(dtype: str, processes: int, args: argparse.Namespace) -> dict:
-    """Run one configuration in fresh processes (torchrun for 2); its rank 0 prints the JSON."""
+    """Run one configuration in fresh processes (torchrun for 2); its rank 0 writes the JSON."""
+    result = RESULTS.parent / f"trainer_throughput.{dtype}.x{processes}.json"
+    result.unlink(missing_ok=True)
     worker_args = [str(Path(__file__)), "--worker", "--dtype", dtype, "--steps", str(args.steps)]
+    worker_args += ["--result", str(result)]
     worker_args += ["--preset", args.preset]
     worker_args += ["--samples", str(args.samples), "--tokens", str(args.tokens)]
     if processes == 1:
@@ -125,8 +129,7 @@ def launch(dtype: str, processes: int, args: argparse.Namespace) -> dict:
     run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600)
     if run.returncode != 0:
         raise RuntimeError(f"{dtype} x{processes} failed:\n{run.stderr[-3000:]}")
-    line = next(x for x in run.stdout.splitlines() if x.startswith("{"))
-    return json.loads(line)
+    return json.loads(result.read_text())
 
 
 def table(results: list[dict]) -> str:
@@ -153,11 +156,12 @@ def main() -> int:
     parser.add_argument("--processes", default="1,2")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         result = worker(args)
-        if distributed.is_rank0():
-            print(json.dumps(result), flush=True)
+        if result is not None:
+            args.result.write_text(json.dumps(result) + "\n")
         return 0
     load_before = os.getloadavg()
     results = []
@@ -165,6 +169,7 @@ def main() -> int:
         for processes in (int(p) for p in args.processes.split(",")):
             print(f"[throughput] {dtype} x{processes} ...", file=sys.stderr, flush=True)
             results.append(launch(dtype, processes, args))
+            print(f"[throughput]   {json.dumps(results[-1])}", file=sys.stderr, flush=True)
     report = {
         "preset": args.preset,
         "vocab": VOCAB_SIZE,
