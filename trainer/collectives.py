@@ -41,5 +41,7 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
     total = torch.nn.utils.get_total_norm([p.grad for p in params])
     if hasattr(total, "full_tensor"):  # a DTensor: the norm of this rank's shards only
         total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return float(total)
+    norm = float(total)
+    if max_norm / (norm + 1e-6) < 1.0:  # torch's own coefficient; at >= 1 it scales by 1.0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)  # skip that pass
+    return norm
