@@ -17,6 +17,7 @@ from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 from rlgw.eligibility import eligibility_reason
 from rlgw.rewards import GroupVerdict, Member, judge_group, normalize_returns
+from rlgw.siblings import sibling_advantages  # re-exported: the pure half lives there
 
 # How the rewards of sibling choices (one request with n > 1) are normalized when the session did
 # not say (sessions.sibling_normalization is null).
@@ -285,18 +286,3 @@ def sibling_groups(steps: list[Step], how: str) -> list[SiblingGroupOut]:
             )
         )
     return out
-
-
-def sibling_advantages(t: Trajectory) -> dict[str, float | None]:
-    """Each sibling step's advantage when the session normalizes its siblings (GRPO over the
-    choices of one prompt): its reward normalized within its sibling group, or None while the
-    group is pending. Empty when sibling_normalization is `none` (siblings are ordinary steps)."""
-    if t.sibling_normalization == "none":
-        return {}
-    advantages: dict[str, float | None] = {}
-    for group in t.sibling_groups:
-        for completion_id in group.completion_ids:
-            advantages[completion_id] = (
-                group.normalized.get(completion_id) if group.status == "ready" else None
-            )
-    return advantages

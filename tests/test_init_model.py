@@ -11,13 +11,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trainer.init_model import (  # noqa: E402
-    IM_END_ID,
-    PRESETS,
-    VOCAB_SIZE,
-    create_model,
-    model_fingerprint,
-)
+from trainer.byte_model import IM_END_ID, PRESETS, VOCAB_SIZE  # noqa: E402
+from trainer.init_model import create_model, model_fingerprint  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "bfloat16")
+
 
 @dataclass(frozen=True)
 class TrainerConfig:
@@ -24,6 +27,11 @@ class TrainerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0  # max global grad norm
     minibatches: int = 1  # optimizer steps per version, over disjoint slices of the batch
+    # compute (docs/training.md, "Device, precision and memory")
+    device: str = "auto"  # auto: CUDA when torch sees a device, else cpu | cpu | cuda
+    dtype: str = "float32"  # bfloat16: autocast forward/backward; master weights, AdamW stay fp32
+    max_tokens_per_microbatch: int = 8192  # padded tokens (samples x longest) per forward/backward
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, +~30%
     # weight sync
     anchor_every: int = 10  # every N-th version ships full weights instead of a delta
     seed: int = 0
@@ -39,6 +47,31 @@ class TrainerConfig:
             raise ValueError("minibatches, batch_sessions and anchor_every must be >= 1")
         if self.min_sessions > self.batch_sessions:
             raise ValueError("min_sessions cannot exceed batch_sessions")
+        self._check_compute()
+
+    def _check_compute(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(
+                f"device must be 'auto' (CUDA when available, else cpu), 'cpu' or 'cuda', "
+                f"not {self.device!r}"
+            )
+        if self.device == "cuda":
+            import torch  # here, not at import: the config is read where torch may be absent
+
+            if not torch.cuda.is_available():
+                raise ValueError("device='cuda' but torch sees no CUDA device; set 'auto' or 'cpu'")
+        if self.dtype not in DTYPES:
+            raise ValueError(
+                f"dtype must be 'float32' or 'bfloat16' (autocast; weights stay fp32), "
+                f"not {self.dtype!r}"
+            )
+        if self.max_tokens_per_microbatch < self.max_tokens_per_sample:
+            raise ValueError(
+                f"max_tokens_per_microbatch ({self.max_tokens_per_microbatch}) is below "
+                f"max_tokens_per_sample ({self.max_tokens_per_sample}): a sample that long would "
+                "fit no micro-batch. Raise max_tokens_per_microbatch, or lower "
+                "max_tokens_per_sample (longer samples are skipped with a reason)"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -7,6 +7,16 @@ from __future__ import annotations
 
 import torch
 
+# The token-mean metrics decoupled_ppo_loss returns (besides `tokens`), in a fixed order.
+METRICS = (
+    "loss",
+    "clip_frac",
+    "ratio_mean",
+    "imp_weight_mean",
+    "imp_weight_truncated_frac",
+    "kl_behave",
+)
+
 
 def decoupled_ppo_loss(
     logp: torch.Tensor,
@@ -18,6 +28,7 @@ def decoupled_ppo_loss(
     clip_eps: float,
     imp_weight_cap: float,
     imp_weight_mode: str = "truncate",
+    token_normalizer: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO (Fu et al. 2025, "AReaL", eq. 5), token-mean:
 
@@ -30,6 +41,12 @@ def decoupled_ppo_loss(
     trainer's weights before this version's update, pi_theta the weights being optimised.
     w_t carries no gradient. With fresh data (pi_behave = pi_prox = pi_theta) this is the plain
     policy gradient -A_t * grad log pi_theta(a_t).
+
+    `token_normalizer` replaces sum_t m_t in the denominator of the returned loss. Gradient
+    accumulation passes the output-token count of the whole minibatch (over every rank), so that
+    the micro-batch losses SUM to L of the minibatch:  sum_k L_k = sum_k sum_{t in k} (...) / N.
+    The metrics are always means over this call's own tokens (`tokens` says how many), so a
+    token-weighted mean of them over micro-batches is the minibatch's.
 
     Metrics: `clip_frac` (share of tokens whose ratio was clipped in the direction that binds),
     `imp_weight_mean`, `imp_weight_truncated_frac`, `ratio_mean`, and `kl_behave` =
@@ -51,19 +68,25 @@ def decoupled_ppo_loss(
         else:
             weight = torch.where(over_cap, torch.zeros_like(weight), weight)
 
-    loss = -(weight * surrogate * mask).sum() / n_tokens
+    objective = -(weight * surrogate * mask).sum()  # summed over tokens; normalised below
+    loss = objective / (n_tokens if token_normalizer is None else token_normalizer)
 
     with torch.no_grad():
         binding = (ratio * advantages > clipped * advantages).to(logp.dtype)
-        metrics = {
-            "loss": float(loss),
-            "clip_frac": float((binding * mask).sum() / n_tokens),
-            "ratio_mean": float((ratio * mask).sum() / n_tokens),
-            "imp_weight_mean": float((weight * mask).sum() / n_tokens),
-            "imp_weight_truncated_frac": float((over_cap.to(logp.dtype) * mask).sum() / n_tokens),
-            "kl_behave": float(((behave_logp - logp) * mask).sum() / n_tokens),
-            "tokens": float(mask.sum()),
-        }
+        sums = torch.stack(  # one device-to-host copy for all of them, not one per metric
+            [
+                objective,
+                (binding * mask).sum(),
+                (ratio * mask).sum(),
+                (weight * mask).sum(),
+                (over_cap.to(logp.dtype) * mask).sum(),
+                ((behave_logp - logp) * mask).sum(),
+                mask.sum(),
+            ]
+        ).tolist()
+    tokens = sums.pop()
+    metrics = {name: value / max(tokens, 1.0) for name, value in zip(METRICS, sums, strict=True)}
+    metrics["tokens"] = tokens
     return loss, metrics
 
 

@@ -1,14 +1,23 @@
-"""Token-level training samples, built from the RECORDED tokens of kept completions only."""
+"""Token-level training samples, built from the RECORDED tokens of kept completions only.
+
+Imports torch and the pure `rlgw.siblings` only: the trajectory's pydantic schema (and the
+database loader beside it) is a type here, so the update path runs where only torch is installed
+(`trainer/records.py` reads the same trajectories from their exported JSON).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from rlgw.trajectory import Step, Trajectory, sibling_advantages
+from rlgw.siblings import sibling_advantages
 
 from .config import TrainerConfig
+
+if TYPE_CHECKING:
+    from rlgw.trajectory import Step, Trajectory
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def restart_init_seed(seed: int, attempt: int) -> int:
 
 def _reinitialise(model, init_seed: int) -> None:
     """Redraw the weights exactly as create_model would for `init_seed`."""
-    from trainer.init_model import ModelShape, build_model
+    from trainer.byte_model import ModelShape, build_model
 
     cfg = model.config
     shape = ModelShape(

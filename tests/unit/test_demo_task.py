@@ -178,7 +178,7 @@ def test_mean_reward() -> None:
 
 def test_warm_start_labels_only_the_answer_and_its_end_token() -> None:
     pytest.importorskip("transformers")
-    from trainer.init_model import IM_END_ID, build_tokenizer
+    from trainer.byte_model import IM_END_ID, build_tokenizer
     from trainer.warm_start import IGNORE_INDEX, encode_examples, encode_prompts
 
     tok = build_tokenizer()

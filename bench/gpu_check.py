@@ -1,0 +1,416 @@
+"""The trainer's real update path on a GPU: tokens/s, MFU, peak memory and version-write cost.
+
+For the GPU box we borrow now and then (torch, transformers, peft; no vLLM, no Postgres, no
+network): Qwen2-shaped models of 0.5B and 1.5B (Qwen2.5's shapes and 151,936-token vocabulary,
+randomly initialised), full weights in fp32 and bf16 (autocast over fp32 master weights), LoRA
+rank 8 and 64 through peft, activation checkpointing, and FSDP2 over nccl with world size 1.
+Each configuration runs `trainer.update.policy_update` on samples built by `build_samples` from
+recorded-format trajectories (the export JSON), micro-batched, for a fixed number of steps after
+one warm-up step, then writes that version's update (a delta safetensors file, or a LoRA adapter
+folder) and times it.
+
+    bench/gpu_check.sh                                  # on the GPU box, from the repo root
+    python bench/gpu_check.py --device cpu --quick      # tiny shapes, here (the test runs this)
+
+JSON goes to stdout and, when $OUT is set, to $OUT/gpu_check.json; progress goes to stderr.
+FLOPs per trained configuration and token (PaLM, Chowdhery et al. 2022, appendix B):
+full weights 6 N + 12 L H T, LoRA 4 N + 6 N_lora + 12 L H T (frozen weights need no weight
+gradient: 2 N forward + 2 N input gradients), where N counts the weights a token multiplies (the
+input embedding is a lookup and is left out unless tied to the LM head), L layers, H = heads x
+head_dim, T the sample's length. The proximal forward pass is not model FLOPs (see update.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlgw.ports import free_port  # noqa: E402
+from trainer import distributed  # noqa: E402
+from trainer.byte_model import ModelShape  # noqa: E402
+from trainer.config import TrainerConfig  # noqa: E402
+from trainer.device import prepare_model  # noqa: E402
+from trainer.model_families import FAMILIES, build_config, build_model  # noqa: E402
+from trainer.records import trajectory_from_export  # noqa: E402
+from trainer.samples import build_samples  # noqa: E402
+from trainer.update import plan_update, policy_update  # noqa: E402
+from trainer.weights import delta, state_dict, write_update  # noqa: E402
+
+QWEN25_VOCAB = 151_936
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Dense peak TFLOP/s of an H100/H200 SXM (NVIDIA's datasheet): bf16 tensor cores 989; plain fp32
+# 67 (the fp32 runs keep torch's default: TF32 off, so 494.7 of TF32 tensor cores is not the peak).
+PEAKS = {"bfloat16": 989.0, "float32": 67.0}
+SIZE_STEP = 3.5  # how much dearer the next size's first run is guessed to be (for --max-seconds)
+
+
+@dataclass(frozen=True)
+class Size:
+    """One model size and the batch it trains on: `samples` of prompt + output tokens."""
+
+    name: str
+    shape: ModelShape
+    vocab: int
+    samples: int
+    prompt: int
+    output: int
+    microbatch: int  # max_tokens_per_microbatch
+    steps: int  # measured steps after the warm-up step
+
+
+@dataclass(frozen=True)
+class Run:
+    size: Size
+    mode: str  # full | lora
+    dtype: str
+    lora_rank: int = 0
+    fsdp: bool = False
+    checkpointing: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = [self.size.name, f"lora{self.lora_rank}" if self.mode == "lora" else "full"]
+        parts += (
+            [self.dtype]
+            + (["fsdp2"] if self.fsdp else [])
+            + (["ckpt"] if self.checkpointing else [])
+        )
+        return "/".join(parts)
+
+
+QWEN25_05B = ModelShape(896, 24, 14, 2, 4864, 32768)  # Qwen2.5-0.5B: head_dim 64
+QWEN25_15B = ModelShape(1536, 28, 12, 2, 8960, 32768)  # Qwen2.5-1.5B: head_dim 128
+SIZES = {  # 16 samples of 256 prompt + 768 output tokens: 16,384 tokens, 4 micro-batches a step
+    "0.5b": Size("qwen2-0.5b", QWEN25_05B, QWEN25_VOCAB, 16, 256, 768, 4096, 3),
+    "1.5b": Size("qwen2-1.5b", QWEN25_15B, QWEN25_VOCAB, 16, 256, 768, 4096, 3),
+    "quick": Size("tiny", ModelShape(64, 2, 1, 1, 128, 512), 512, 6, 12, 20, 96, 1),
+}
+
+
+def runs_for(size: Size) -> list[Run]:
+    """The configurations, cheapest first within a size, so a budget cut drops the dear ones."""
+    return [
+        Run(size, "full", "bfloat16"),
+        Run(size, "lora", "bfloat16", lora_rank=8),
+        Run(size, "lora", "bfloat16", lora_rank=64),
+        Run(size, "full", "bfloat16", fsdp=True),
+        Run(size, "full", "bfloat16", checkpointing=True),
+        Run(size, "lora", "float32", lora_rank=64),
+        Run(size, "full", "float32"),
+    ]
+
+
+def log(message: str) -> None:
+    print(f"[gpu-check] {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def recorded_trajectories(size: Size, seed: int) -> list[dict]:
+    """Trajectories in the export's wire format (`GET /v1/sessions/{id}/trajectory`), one
+    completion each, with behaviour log-probs near a random model's (-log V), rewards +-1."""
+    rng = random.Random(seed)
+    behave = -math.log(size.vocab)
+    out = []
+    for i in range(size.samples):
+        reward = rng.choice([-1.0, 1.0])
+        step = {
+            "completion_id": f"c{i}",
+            "policy_version": 0,
+            "prompt_token_ids": [rng.randrange(size.vocab) for _ in range(size.prompt)],
+            "output_token_ids": [rng.randrange(size.vocab) for _ in range(size.output)],
+            "output_logprobs": [behave + rng.uniform(-0.3, 0.3) for _ in range(size.output)],
+            "eligible": True,
+            "eligibility_reason": None,
+            "finish_reason": "length",
+        }
+        out.append(
+            {
+                "session_id": f"s{i}",
+                "return_raw": reward,
+                "return_normalized": reward,
+                "sibling_normalization": "mean_std",
+                "sibling_groups": [],
+                "steps": [step],
+            }
+        )
+    return json.loads(json.dumps(out))  # exactly what a file of exported JSON would give
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Weights a token multiplies: every parameter but an untied input embedding (a lookup)."""
+    total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+    embed = model.get_input_embeddings().weight
+    tied = embed is model.get_output_embeddings().weight
+    return total if tied else total - embed.numel()
+
+
+def flops_per_step(config, n_matmul: int, run: Run, lengths: list[int], lora_params: int) -> float:
+    """Model FLOPs of one update over samples of these lengths (see the module docstring)."""
+    heads = config.num_attention_heads
+    width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+    per_token = 6 * n_matmul if run.mode == "full" else 4 * n_matmul + 6 * lora_params
+    attention = sum(12 * config.num_hidden_layers * width * t * t for t in lengths)
+    return per_token * sum(lengths) + attention
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def build(run: Run, device: torch.device, seed: int):
+    fam = FAMILIES["qwen2"]
+    ids = {"bos": None, "eos": run.size.vocab - 2, "pad": run.size.vocab - 1}
+    config = build_config(fam, run.size.shape, run.size.vocab, ids)
+    return build_model(fam, config, seed, device=str(device), redraw=device.type == "cpu")
+
+
+def lora_wrap(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=LORA_TARGETS)
+    return get_peft_model(model, config)
+
+
+def write_version(model, served, run: Run, scratch: Path) -> dict:
+    """The version's update as the trainer would ship it; its size and the time to write it."""
+    start = time.perf_counter()
+    if run.mode == "lora":
+        folder = scratch / "adapter"
+        model.save_pretrained(folder)
+        size = sum(f.stat().st_size for f in folder.iterdir())
+        kind = "lora adapter folder"
+    else:
+        weights = distributed.gather_full_state(model) if run.fsdp else state_dict(model)
+        tensors = {k: v.cpu() for k, v in delta(weights, served).items()}
+        size = write_update(tensors, scratch / "delta.safetensors")
+        kind = "delta safetensors"
+    return {"kind": kind, "bytes": size, "seconds": time.perf_counter() - start}
+
+
+def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
+    size = run.size
+    config = TrainerConfig(
+        device=device.type,
+        dtype=run.dtype,
+        max_tokens_per_sample=size.prompt + size.output,
+        max_tokens_per_microbatch=size.microbatch,
+        gradient_checkpointing=run.checkpointing,
+        lr=1e-5,
+    )
+    samples, skips = build_samples(
+        [trajectory_from_export(t) for t in recorded_trajectories(size, seed)],
+        current_version=0,
+        config=config,
+    )
+    assert samples and not skips, skips
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model = build(run, device, seed)
+    total_params = sum(p.numel() for p in model.parameters())
+    n_matmul, model_config = matmul_params(model), model.config
+    if run.mode == "lora":
+        model = lora_wrap(model, run.lora_rank)
+    model = prepare_model(model, config, device)
+    if run.fsdp:
+        model = distributed.shard_model(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    lora_params = sum(p.numel() for p in trainable) if run.mode == "lora" else 0
+    served = None  # theta_served, to make the delta from: as trainer/service.py keeps it
+    if run.fsdp:
+        served = distributed.gather_full_state(model)
+    elif run.mode == "full":
+        served = {k: v.clone() for k, v in state_dict(model).items()}
+    # The service's optimizer: AdamW over the trainable parameters, torch's default kernels.
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas)
+    plan = plan_update(samples, config, size.vocab - 1, device)
+    lengths = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
+    flops = flops_per_step(model_config, n_matmul, run, lengths, lora_params)
+
+    times, metrics = [], {}
+    for step in range(size.steps + 1):  # step 0 is the warm-up: allocation, autotuning
+        sync(device)
+        start = time.perf_counter()
+        metrics = policy_update(model, optimizer, samples, config, pad_id=size.vocab - 1)
+        sync(device)
+        if step:
+            times.append(time.perf_counter() - start)
+    step_s = sum(times) / len(times)
+    write = write_version(model, served, run, scratch)
+    peak = PEAKS[run.dtype] if device.type == "cuda" and is_h100_class(device) else None
+    achieved = flops / step_s / 1e12
+    return {
+        "name": run.name,
+        "model": size.name,
+        "mode": run.mode,
+        "lora_rank": run.lora_rank or None,
+        "dtype": run.dtype,
+        "fsdp2": run.fsdp,
+        "gradient_checkpointing": run.checkpointing,
+        "params": total_params,
+        "trainable_params": sum(p.numel() for p in trainable),
+        "samples_per_step": len(samples),
+        "tokens_per_step": sum(lengths),
+        "output_tokens_per_step": int(metrics["tokens"]),
+        "microbatches_per_step": len(plan.microbatches[0]),
+        "max_tokens_per_microbatch": size.microbatch,
+        "steps_measured": len(times),
+        "step_s": times,
+        "tokens_per_s": sum(lengths) / step_s,
+        "model_tflop_per_step": flops / 1e12,
+        "achieved_tflop_per_s": achieved,
+        "peak_tflop_per_s": peak,
+        "mfu": achieved / peak if peak else None,
+        "peak_memory_gib": peak_memory_gib(device),
+        "version_write": write,
+        "metrics": {k: metrics[k] for k in ("loss", "grad_norm", "kl_behave", "ratio_mean")},
+    }
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def is_h100_class(device: torch.device) -> bool:
+    name = torch.cuda.get_device_name(device)
+    return any(k in name for k in ("H100", "H200", "H800", "GH200"))
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def run_one(run: Run, device: torch.device, seed: int) -> dict:
+    """One configuration in its own scratch folder (and, for FSDP2, its own process group)."""
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    if run.fsdp:  # world size 1, in this process: what torchrun would set
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ["MASTER_PORT"] = str(free_port())
+        distributed.init_distributed(device.type)
+    try:
+        return measure(run, device, seed, scratch)
+    except Exception as exc:  # noqa: BLE001 - one failed configuration must not stop the rest
+        return {"name": run.name, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        if run.fsdp:
+            distributed.shutdown_distributed()
+        shutil.rmtree(scratch, ignore_errors=True)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, one measured step")
+    parser.add_argument("--sizes", default="0.5b,1.5b", help="comma-separated: 0.5b, 1.5b")
+    parser.add_argument("--max-seconds", type=float, default=420.0, help="skip what would pass it")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device (use --device cpu --quick)")
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    sizes = [SIZES["quick"]] if args.quick else [SIZES[s.strip()] for s in args.sizes.split(",")]
+    started = time.perf_counter()
+    report = environment(device) | {"max_seconds": args.max_seconds, "quick": args.quick}
+    results, skipped, took = [], [], {}  # took: size name -> longest run of that size, s
+    for run in [r for size in sizes for r in runs_for(size)]:
+        elapsed = time.perf_counter() - started
+        # A run costs about the dearest of its size so far; a first run of a larger size about
+        # SIZE_STEP times the dearest run before it (1.5B / 0.5B parameters ~ 3.1).
+        estimate = took.get(run.size.name, max(took.values(), default=0.0) * SIZE_STEP)
+        if elapsed + estimate > args.max_seconds:
+            reason = (
+                f"--max-seconds {args.max_seconds:.0f}: {elapsed:.0f} s spent and this run "
+                f"would take about {estimate:.0f} s"
+            )
+            skipped.append({"name": run.name, "reason": reason})
+            log(f"skip {run.name}: {reason}")
+            continue
+        log(f"run {run.name}")
+        t0 = time.perf_counter()
+        results.append(run_one(run, device, args.seed))
+        seconds = time.perf_counter() - t0
+        took[run.size.name] = max(took.get(run.size.name, 0.0), seconds)
+        log(summary_line(results[-1], seconds))
+    report |= {"total_s": time.perf_counter() - started, "results": results, "skipped": skipped}
+    emit(report)
+    return 1 if any("error" in r for r in results) else 0
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    try:
+        import peft
+
+        peft_version = peft.__version__
+    except ImportError:
+        peft_version = None
+    return {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "peft": peft_version,
+        "peak_tflop_per_s": PEAKS,
+        "flops_formula": "full: 6N + 12LHT per token; lora: 4N + 6N_lora + 12LHT (PaLM app. B)",
+    }
+
+
+def summary_line(result: dict, seconds: float) -> str:
+    if "error" in result:
+        return f"  {result['name']}: ERROR {result['error']}"
+    mfu = f"{result['mfu']:.1%}" if result["mfu"] is not None else "n/a"
+    write = result["version_write"]
+    return (
+        f"  {result['name']}: {result['tokens_per_s']:,.0f} tok/s, MFU {mfu}, peak "
+        f"{result['peak_memory_gib'] or 0:.1f} GiB, write {write['bytes'] / 1e6:.1f} MB "
+        f"in {write['seconds']:.2f} s ({seconds:.0f} s in all)"
+    )
+
+
+def emit(report: dict) -> None:
+    text = json.dumps(report, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        out = Path(os.environ["OUT"]) / "gpu_check.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+        log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""What the update needs from torch.distributed: world size, rank, reductions, global grad norm.
+
+Every function is the identity on one process (no process group), so the update has one path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+
+def initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if initialized() else 0
+
+
+def all_reduce(values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """`values` reduced over every rank (in place, and returned): op 'sum' or 'max'."""
+    if world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return values
+
+
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the gradients to a global L2 norm of max_norm; returns the norm before clipping.
+
+    torch's clip_grad_norm_, split in two so that a norm over FSDP2-sharded gradients (a DTensor
+    holding a partial sum) is made whole with full_tensor() before it scales anything (as
+    torchtitan does).
+    """
+    params = [p for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if hasattr(total, "full_tensor"):  # a DTensor: the norm of this rank's shards only
+        total = total.full_tensor()
+    norm = float(total)
+    if max_norm / (norm + 1e-6) < 1.0:  # torch's own coefficient; at >= 1 it scales by 1.0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)  # skip that pass
+    return norm

@@ -1,0 +1,63 @@
+"""Token-budgeted micro-batches: samples packed so that samples x longest <= the budget.
+
+Padding counts: a micro-batch costs its padded rectangle, B x L tokens. Samples are packed in
+length order (shortest first), which keeps padding small; the order does not change the update,
+since gradients are summed over micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .samples import Batch, Sample
+
+
+class SampleTooLong(ValueError):
+    """A sample longer than the micro-batch budget (build_samples skips these: see config)."""
+
+
+def sample_tokens(sample: Sample) -> int:
+    return len(sample.prompt_ids) + len(sample.output_ids)
+
+
+def pack_microbatches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
+    """Greedy packing in ascending length: each group's len(group) * longest <= max_tokens."""
+    groups: list[list[Sample]] = []
+    current: list[Sample] = []
+    for sample in sorted(samples, key=sample_tokens):
+        length = sample_tokens(sample)
+        if length > max_tokens:
+            raise SampleTooLong(
+                f"sample {sample.completion_id} has {length} tokens, more than "
+                f"max_tokens_per_microbatch={max_tokens}; keep max_tokens_per_sample <= "
+                "max_tokens_per_microbatch so that build_samples skips it with a reason"
+            )
+        if current and (len(current) + 1) * length > max_tokens:
+            groups.append(current)
+            current = []
+        current.append(sample)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """Every tensor of the batch on `device` (pinned and asynchronous when copying to a GPU)."""
+    moved = {}
+    for field in dataclasses.fields(batch):
+        tensor = getattr(batch, field.name)
+        if device.type == "cuda":
+            tensor = tensor.pin_memory()
+        moved[field.name] = tensor.to(device, non_blocking=True)
+    return Batch(**moved)
+
+
+def empty_batch(pad_id: int, device: torch.device) -> Batch:
+    """A micro-batch with no trained token: a rank with fewer micro-batches than another runs
+    these, so that every rank takes part in each sharded forward and backward (FSDP2's
+    all-gathers and reduce-scatters are collectives). Its loss is 0 and so are its gradients."""
+    inputs = torch.full((1, 2), pad_id, dtype=torch.long, device=device)  # (1, 2)
+    zeros = torch.zeros(1, 1, device=device)  # (1, L-1)
+    return Batch(inputs, torch.ones_like(inputs), inputs[:, 1:], zeros, zeros, zeros)
