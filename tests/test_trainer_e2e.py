@@ -396,3 +396,30 @@ def test_a_push_with_no_backend_is_recorded_and_a_backend_registered_later_catch
     assert backend_row(env)[1:] == ("active", version + 2)
     assert served_matches(env, latest_reference(env))
     assert_a_training_step_swaps_the_next_version(env)
+
+
+def test_two_trainer_processes_push_a_version_that_passes_the_swap(env):
+    """`rlgw train --nproc 2`: FSDP2 over gloo; rank 0 alone claims, commits and pushes, and the
+    backend serves the gathered weights (parity against the version's own reference)."""
+    drain_queue(env)
+    episodes = [env.episode(r) for r in (1.0, 0.0, 0.5, 1.0)]
+    version = current_version(env)
+    environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
+    environment.pop(FAULT_ENV, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+        + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 process(es)" in done.stdout and "[swapped]" in done.stdout, done.stdout[-2000:]
+    assert current_version(env) == version + 1
+    used = sorted((s, c) for v, s, c, ok, _ in env.ledger() if v == version + 1 and ok)
+    assert used == sorted(episodes)  # each completion once, by rank 0 alone
+    with Publisher(env.settings, make_sync_engine(env.db_url), MODEL_NAME) as publisher:
+        reference = publisher.latest()[1]  # the recorded version, rebuilt from its files
+    served = served_scores(httpx.Client(), env.backend, MODEL_NAME)
+    assert served.max_abs_diff(reference_scores(reference)) <= 1e-4

@@ -45,3 +45,12 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
     if max_norm / (norm + 1e-6) < 1.0:  # torch's own coefficient; at >= 1 it scales by 1.0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)  # skip that pass
     return norm
+
+
+def broadcast_object(value):
+    """Rank 0's `value` on every rank (picklable; the others pass anything)."""
+    if world_size() == 1:
+        return value
+    box = [value if rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -12,6 +12,7 @@ while this trainer trained makes its commit a VersionConflict: the sessions go b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -27,17 +28,20 @@ from rlgw.placement import Placement
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
 
+from . import collectives
 from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclaim
 from .config import TrainerConfig
+from .distributed import init_distributed, is_rank0
 from .errors import VersionConflict, database_errors
-from .optimizer_state import restore_optimizer, save_optimizer, state_path
+from .optimizer_state import state_path
 from .parity import reference_scores
+from .policy import Policy
 from .publish import Publisher, swap_metrics
 from .samples import build_samples
 from .swap.coordinator import SwapReport
 from .swap.hold import GenerationHold, NoHold
 from .tracking import RunLog, rejected_outputs, version_scalars
-from .update import policy_update
+from .update import UpdateOutOfMemory
 from .weight_update.files import DeltaFile, FullFile
 from .weights import delta, state_dict
 
@@ -62,10 +66,14 @@ class StepReport:
 
 
 class OnlineTrainer:
+    """The trainer of one model. Under torch.distributed every rank makes one, and rank 0 alone
+    touches the database and the backends: it claims sessions, records versions and the ledger,
+    and pushes; the other ranks take part in the update (FSDP2 shards) and nothing else."""
+
     def __init__(
         self,
         settings: Settings,
-        engine: Engine,
+        engine: Engine | None,
         model_name: str,
         config: TrainerConfig,
         *,
@@ -79,30 +87,33 @@ class OnlineTrainer:
             model_name,
             config,
         )
-        self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
         self.log = log
         self.placement = placement or Placement()
         torch.manual_seed(config.seed)
-        with database_errors():
-            self.publisher = Publisher(settings, engine, model_name, log=log)  # or UnknownModel
-            self.instance = TrainerInstance(engine)
-            with self.sessions() as db, db.begin():
-                released = release_dead_claims(db)
-            self.version, self.model = self.publisher.latest()
-        if released:
-            self.log(f"[train] released {released} session(s) claimed by a stopped trainer")
-        self.model.eval()
-        self.served = {k: v.clone() for k, v in state_dict(self.model).items()}
-        self.pad_id = int(self.model.config.pad_token_id or self.model.config.eos_token_id or 0)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.lr,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-        )
+        self.dist = init_distributed(config.device)
+        self.rank0 = is_rank0()
+        self.version, reference, base_path = 0, None, None
+        if self.rank0:
+            self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
+            with database_errors():
+                self.publisher = Publisher(settings, engine, model_name, log=log)  # UnknownModel
+                self.instance = TrainerInstance(engine)
+                with self.sessions() as db, db.begin():
+                    released = release_dead_claims(db)
+                self.version, reference = self.publisher.latest()
+            base_path = self.publisher.model.path
+            if released:
+                self.log(f"[train] released {released} session(s) claimed by a stopped trainer")
+        self.policy = Policy.for_rank(reference, base_path, config, self.dist)
+        self.model = self.policy.reference  # rank 0: the current version's weights, fp32, CPU
         self.optimizer_path = state_path(settings.home, model_name)
-        self.log(f"[train] {restore_optimizer(self.optimizer, self.optimizer_path, self.version)}")
-        self.log(f"[train] {model_name}: starting from version {self.version}")
+        restored = self.policy.restore_moments(self.optimizer_path, self.version)
+        if not self.rank0:
+            return
+        self.served = {k: v.clone() for k, v in state_dict(self.model).items()}
+        where = f"{self.dist.device}, {config.dtype}, {self.dist.world_size} process(es)"
+        self.log(f"[train] {restored}")
+        self.log(f"[train] {model_name}: starting from version {self.version} on {where}")
         self.run_log = RunLog(
             settings.home / "runs" / model_name,
             wandb_project=wandb_project,
@@ -112,15 +123,20 @@ class OnlineTrainer:
         with database_errors():
             self.sync_backends()
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.policy.optimizer
+
     def close(self) -> None:
-        self.instance.close()
-        self.publisher.close()
-        self.run_log.close()
+        if self.rank0:
+            self.instance.close()
+            self.publisher.close()
+            self.run_log.close()
 
     def _update_window(self) -> GenerationHold | NoHold:
         """Where generation stands while this process updates: paused when colocated (it gets
         the cores, or the device, to itself), running beside it otherwise."""
-        if not self.placement.pauses_generation:
+        if not (self.rank0 and self.placement.pauses_generation):
             return NoHold()
         return GenerationHold(self.publisher.coordinator, self.publisher.model.id, log=self.log)
 
@@ -129,10 +145,9 @@ class OnlineTrainer:
         return self.publisher.sync(self.version, self.model)
 
     # ------------------------------------------------------------------ one update
-    def step(self) -> StepReport | None:
-        """One update if enough data is eligible; None otherwise."""
-        t0 = time.perf_counter()
-        now = datetime.now(UTC)
+    def _claim(self, now: datetime):
+        """Rank 0: the sessions of the next update and their samples; a StepReport instead when
+        what was claimed holds nothing trainable (the sessions are spent, with the reasons)."""
         with self.sessions() as db, db.begin():
             claim = claim_sessions(
                 db,
@@ -169,16 +184,45 @@ class OnlineTrainer:
             return StepReport(
                 None, len(claim.session_ids), 0, len(skips), len(claim.session_ids), {}, []
             )
+        return claim, trajectories, samples, skips
 
+    def _tell(self, command: str, samples: list | None = None) -> None:
+        """Rank 0 tells the other ranks what this step is: train (with the samples), idle, stop."""
+        if self.dist.world_size > 1:
+            collectives.broadcast_object((command, samples))
+
+    def follow(self) -> bool:
+        """Ranks other than 0: take part in the step rank 0 announces; False once it stops."""
+        command, samples = collectives.broadcast_object(None)
+        if command == "train":
+            self.policy.update(samples)
+            self.policy.weights()
+            self.policy.save_moments(self.optimizer_path, self.version)
+        return command != "stop"
+
+    def step(self) -> StepReport | None:
+        """Rank 0: one update if enough data is eligible; None otherwise."""
+        t0 = time.perf_counter()
+        claimed = self._claim(datetime.now(UTC))
+        if not isinstance(claimed, tuple):
+            self._tell("idle")
+            return claimed
+        claim, trajectories, samples, skips = claimed
         with self._update_window() as window:
+            self._tell("train", samples)
             before = reference_scores(self.model)
-            metrics = policy_update(self.model, self.optimizer, samples, self.config, self.pad_id)
+            try:
+                metrics = self.policy.update(samples)
+            except UpdateOutOfMemory:
+                with self.sessions() as db, db.begin():
+                    unclaim(db, claim.session_ids)  # back to the queue, for a smaller setting
+                raise
+            weights = self.policy.weights()  # the reference (self.model) holds them now
             returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
             metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
             metrics["train_s"] = time.perf_counter() - t0
             _maybe_crash("crash-before-commit")
 
-            weights = state_dict(self.model)
             anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights: no drift
             payload, kind = (
                 (weights, FullFile) if anchor else (delta(weights, self.served), DeltaFile)
@@ -198,7 +242,7 @@ class OnlineTrainer:
                     unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
                 raise
             metrics["bytes"] = published.update.nbytes
-            save_optimizer(self.optimizer, self.optimizer_path, published.version)
+            self.policy.save_moments(self.optimizer_path, published.version)
             _maybe_crash("crash-after-commit")
 
             self.version = published.version
@@ -288,14 +332,22 @@ class OnlineTrainer:
         max_versions: int | None = None,
         stop_after_s: float | None = None,
     ) -> None:
+        if not self.rank0:
+            while self.follow():
+                pass
+            return
         started = time.monotonic()
         made = 0
-        while max_versions is None or made < max_versions:
-            if stop_after_s is not None and time.monotonic() - started > stop_after_s:
-                return
-            with database_errors():
-                report = self.step()
-            if report is None or report.version is None:
-                time.sleep(poll_s)
-                continue
-            made += 1
+        try:
+            while max_versions is None or made < max_versions:
+                if stop_after_s is not None and time.monotonic() - started > stop_after_s:
+                    return
+                with database_errors():
+                    report = self.step()
+                if report is None or report.version is None:
+                    time.sleep(poll_s)
+                    continue
+                made += 1
+        finally:
+            with contextlib.suppress(Exception):  # a rank already gone must not hide the cause
+                self._tell("stop")

@@ -47,6 +47,7 @@ def _expected_failure(exc: BaseException) -> tuple[str, int] | None:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for commands that re-launch
     admin.check_args(parser, args)
     try:
         code = args.handler(args)

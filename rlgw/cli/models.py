@@ -9,7 +9,7 @@ from rlgw.backend_launcher import AUTO, run_backend_foreground
 from rlgw.model_dir import check_servable, inspect_model_dir
 from rlgw.settings import Settings
 
-from .output import info
+from .output import CommandError, info
 
 PRESETS = ["tiny", "small", "bench-0.5b"]
 
@@ -59,7 +59,19 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 def cmd_init_model(args: argparse.Namespace) -> int:
     from trainer.init_model import create_model
 
-    create_model(Path(args.out), preset=args.preset, seed=args.seed, overwrite=args.overwrite)
+    try:
+        create_model(
+            Path(args.out),
+            preset=args.preset,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            family=args.family,
+            tokenizer=args.tokenizer,
+            dtype=args.dtype,
+            max_shard_size=args.max_shard_size,
+        )
+    except (ValueError, FileExistsError) as exc:
+        raise CommandError(str(exc), code=2) from None
     return 0
 
 
@@ -77,11 +89,20 @@ def cmd_backend(args: argparse.Namespace) -> int:
 
 
 def add_commands(add) -> None:
-    p = add("init-model", cmd_init_model, "Write a Qwen2-architecture model with a byte tokenizer.")
+    p = add("init-model", cmd_init_model, "Write a small random model (Qwen2, Qwen3 or Llama).")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--preset", default="tiny", choices=PRESETS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model")
+    p.add_argument("--family", default="qwen2", choices=["qwen2", "qwen3", "llama"])
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        choices=["byte", "bpe"],
+        help="byte (the default for qwen2) or a BPE tokenizer trained here (the others')",
+    )
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="on disk")
+    p.add_argument("--max-shard-size", default=None, help="e.g. 2GB: write sharded safetensors")
 
     p = add("backend", cmd_backend, "Run a vLLM server for a model with the flags rlgw needs.")
     p.add_argument("--model", required=True, help="model directory")

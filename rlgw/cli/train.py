@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from rlgw.database import ready_database_url
 from rlgw.db.engine import make_sync_engine
 from rlgw.placement import Placement
+from rlgw.ports import free_port
 from rlgw.settings import Settings
 
 from .output import CommandError, info
@@ -26,18 +30,28 @@ TRAIN_FLAGS: dict[str, type] = {
     "clip_eps": float,
     "imp_weight_cap": float,
     "seed": int,
+    "device": str,
+    "dtype": str,
+    "max_tokens_per_microbatch": int,
 }
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.nproc > 1 and "RANK" not in os.environ:
+        return run_under_torchrun(args)
     placement = placement_from(args)
     pin_trainer(placement)  # before the heavy imports start threads
     from trainer.config import TrainerConfig
     from trainer.service import OnlineTrainer
 
     settings = Settings()
-    config = TrainerConfig(**{k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None})
-    engine = make_sync_engine(ready_database_url(settings))
+    given = {k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None}
+    try:
+        config = TrainerConfig(**given, gradient_checkpointing=args.gradient_checkpointing)
+    except ValueError as exc:  # the config says what to set instead
+        raise CommandError(str(exc), code=2) from None
+    rank0 = os.environ.get("RANK", "0") == "0"  # the other ranks never open the database
+    engine = make_sync_engine(ready_database_url(settings)) if rank0 else None
     try:
         with trainer_errors():
             trainer = OnlineTrainer(
@@ -56,8 +70,30 @@ def cmd_train(args: argparse.Namespace) -> int:
         finally:
             trainer.close()
     finally:
-        engine.dispose()
+        if engine is not None:
+            engine.dispose()
     return 0
+
+
+def run_under_torchrun(args: argparse.Namespace) -> int:
+    """`rlgw train --nproc N ...` again, as N ranks under torchrun (this process waits)."""
+    import torch  # here for start-up time
+
+    nproc = args.nproc
+    cuda = args.device != "cpu" and torch.cuda.is_available()
+    have = torch.cuda.device_count() if cuda else len(os.sched_getaffinity(0))
+    if nproc > have:
+        what = "CUDA devices" if cuda else "CPUs"
+        raise CommandError(f"--nproc {nproc}: this machine has {have} {what}", code=2)
+    argv = [a for a in args.argv if not a.startswith("--nproc=")]
+    if "--nproc" in argv:  # "--nproc N": its value goes too
+        i = argv.index("--nproc")
+        argv = argv[:i] + argv[i + 2 :]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    command += ["--master-port", str(free_port()), "-m", "rlgw.cli", *argv]
+    info(f"[train] {nproc} processes: {' '.join(command[2:])}")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run(command, env=env).returncode
 
 
 @contextlib.contextmanager
@@ -122,5 +158,17 @@ def add_commands(add) -> None:
         metavar="PROJECT",
         help="also log each version to this Weights & Biases project (needs `pip install "
         "wandb`); TensorBoard event files are always written under RLGW_HOME/runs/MODEL",
+    )
+    p.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute activations in the backward pass: less memory, ~30%% more compute",
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="train with N processes (FSDP2 over torch.distributed: gloo on CPU, nccl on GPUs); "
+        "rank 0 claims, commits and pushes. The same as running under torchrun",
     )
     add_placement_flags(p)

@@ -1,0 +1,108 @@
+"""The policy being trained: its weights on the training device (sharded over the ranks under
+torch.distributed), its AdamW state, and rank 0's CPU fp32 reference of the same weights, from
+which deltas, parity probes and version files are made.
+
+One process on the CPU trains the reference itself (one copy of the weights, as before). On a GPU,
+or with several ranks, the training copy lives on the device (FSDP2 shards when several) and the
+reference is refreshed from the gathered weights after each update, on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from . import collectives
+from .config import TrainerConfig
+from .device import prepare_model
+from .distributed import (
+    DistContext,
+    full_optimizer_state,
+    gather_full_state,
+    is_rank0,
+    load_full_state,
+    load_optimizer_state,
+    shard_model,
+)
+from .optimizer_state import NAME, load_state, restore_optimizer, save_optimizer, save_state
+from .samples import Sample
+from .update import policy_update
+from .weights import load_full, load_reference_model, state_dict
+
+
+class Policy:
+    def __init__(
+        self, reference: torch.nn.Module, config: TrainerConfig, dist: DistContext
+    ) -> None:
+        """`reference`: the current version's model, fp32 on the CPU (rank 0: materialized; the
+        other ranks: any model of the same architecture, their weights come from rank 0)."""
+        self.config, self.dist = config, dist
+        self.sharded = dist.world_size > 1
+        shares = not self.sharded and dist.device.type == "cpu"
+        self.reference = reference.eval()
+        self.training = (
+            prepare_model(reference, config, dist.device)
+            if shares
+            else prepare_model(copy.deepcopy(reference), config, dist.device)
+        )
+        if self.sharded:
+            shard_model(self.training)
+            load_full_state(self.training, state_dict(reference) if is_rank0() else None)
+        self.training.eval()
+        self.optimizer = torch.optim.AdamW(
+            self.training.parameters(),
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
+        )
+        config_of = reference.config
+        self.pad_id = int(config_of.pad_token_id or config_of.eos_token_id or 0)
+
+    @classmethod
+    def for_rank(cls, reference: torch.nn.Module | None, base_path: str | None, config, dist):
+        """Rank 0 passes the materialized reference; the others build the architecture from the
+        base checkpoint rank 0 names (broadcast), and receive the weights from it."""
+        if dist.world_size > 1:
+            base_path = collectives.broadcast_object(base_path if is_rank0() else None)
+        if reference is None:
+            reference = load_reference_model(base_path)
+        return cls(reference, config, dist)
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """One version's optimisation on every rank (raises UpdateOutOfMemory on a device OOM)."""
+        return policy_update(self.training, self.optimizer, samples, self.config, self.pad_id)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The updated weights, whole, fp32 on the CPU, on rank 0 (the reference holds them
+        after this); {} on the other ranks. A collective under torch.distributed."""
+        if self.training is self.reference:
+            return state_dict(self.reference)
+        full = gather_full_state(self.training) if self.sharded else _cpu(self.training)
+        if is_rank0():
+            load_full(self.reference, full)
+        return full
+
+    # ------------------------------------------------------------------ AdamW moments
+    def save_moments(self, path: Path, version: int) -> None:
+        """Save the optimizer state reached by `version` (rank 0 writes; a collective)."""
+        if not self.sharded:
+            save_optimizer(self.optimizer, path, version)
+            return
+        state = full_optimizer_state(self.training, self.optimizer)
+        if is_rank0():
+            save_state(state, path, version, keyed_by=NAME)
+
+    def restore_moments(self, path: Path, version: int) -> str:
+        """Restore the moments saved for `version`, if any (a collective when sharded)."""
+        if not self.sharded:
+            return restore_optimizer(self.optimizer, path, version)
+        state, message = load_state(path, version, keyed_by=NAME) if is_rank0() else (None, "")
+        if collectives.broadcast_object(state is not None):  # every rank, or none, loads
+            load_optimizer_state(self.training, self.optimizer, state)
+        return message
+
+
+def _cpu(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in state_dict(model).items()}
