@@ -173,6 +173,10 @@ def test_startup_order(config: dict[str, Any]) -> None:
         "train",
         "--model",
         "policy",
+        "--device",
+        "cuda",
+        "--dtype",
+        "bfloat16",
     ]
 
 
@@ -194,3 +198,52 @@ def test_gateway_runs_with_auth_and_an_allowlisted_backend(config: dict[str, Any
     assert "RLGW_AUTH" not in gateway or gateway["RLGW_AUTH"] == "on"
     register = _env(config["services"]["register"])
     assert register["RLGW_BACKEND_ALLOWLIST"] == "vllm"
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """target path -> (source, read-only) for each volume of a service."""
+    mounts = {}
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, dict):
+            mounts[volume["target"]] = (str(volume.get("source")), bool(volume.get("read_only")))
+        else:
+            source, target, *mode = str(volume).split(":")
+            mounts[target] = (source, bool(mode) and mode[0] == "ro")
+    return mounts
+
+
+def test_the_trainer_and_vllm_agree_on_where_versions_live(config: dict[str, Any]) -> None:
+    """The trainer writes version files under its RLGW_HOME (trainer/versions.py) and the
+    backend reads them at the path it is told: both must mount one volume at that directory."""
+    from rlgw.settings import Settings
+    from trainer.versions import version_file
+
+    services = config["services"]
+    trainer, vllm = services["trainer"], services["vllm"]
+    home = Settings(home=_env(trainer)["RLGW_HOME"]).home
+    versions_dir = str(version_file(home, "policy", 1, "delta").parent.parent)
+    writes, reads = _mounts(trainer), _mounts(vllm)
+    assert versions_dir in writes and not writes[versions_dir][1], writes
+    assert versions_dir in reads and reads[versions_dir][0] == writes[versions_dir][0], reads
+    register = _argv(services["register"].get("command"))
+    base = register[register.index("--path") + 1]
+    assert reads[base][0] == writes[base][0], "the base model must be the same in both"
+    assert _argv(vllm.get("command"))[0] == base  # what vLLM serves is what training starts from
+
+
+def test_the_trainer_trains_on_the_gpu_it_reserves_in_bf16(config: dict[str, Any]) -> None:
+    from rlgw.cli import build_parser
+    from trainer.config import DEVICES, DTYPES
+
+    trainer, vllm = config["services"]["trainer"], config["services"]["vllm"]
+    argv = _argv(trainer.get("entrypoint")) + _argv(trainer.get("command"))
+    assert argv[0] == "rlgw"
+    args = build_parser().parse_args(argv[1:])  # the project's own parser: the flags exist
+    assert args.model == "policy" and args.device == "cuda" and args.dtype == "bfloat16"
+    assert args.device in DEVICES and args.dtype in DTYPES  # values TrainerConfig accepts
+    devices = trainer["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+    served = _argv(vllm.get("command"))
+    assert served[served.index("--dtype") + 1] == "bfloat16"
+    share = float(served[served.index("--gpu-memory-utilization") + 1])
+    assert share <= 0.5  # the trainer shares the one GPU
