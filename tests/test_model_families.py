@@ -174,3 +174,52 @@ def test_a_bpe_family_is_deterministic(tmp_path: Path) -> None:
 def test_bad_options_are_refused(tmp_path: Path, options: dict, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         create_model(tmp_path / "m", "tiny", **options)
+
+
+def test_record_reward_train_and_a_verified_swap(
+    model_dir: Path, served: str, make_database, tmp_path: Path
+) -> None:
+    """The whole loop on this family: completions recorded through the gateway, rewarded, one
+    update, the verified swap, and the next completion stamped with the new version. (Last in
+    the module: the swap changes what this case's server serves.)"""
+    import openai
+
+    from gateway.main import create_app
+    from rlgw.db.engine import make_sync_engine, sync_session_factory
+    from rlgw.db.migrate import upgrade
+    from rlgw.registry import register_backend
+    from trainer.config import TrainerConfig
+    from trainer.service import OnlineTrainer
+
+    from conftest import ADMIN_KEY, LiveServer, gateway_settings
+
+    db_url = make_database()
+    upgrade(db_url)
+    engine = make_sync_engine(db_url)
+    register_backend(
+        sync_session_factory(engine), model_dir.name, served, model_path=str(model_dir)
+    )
+    settings = gateway_settings(db_url).model_copy(update={"home": tmp_path})
+    with LiveServer(create_app(settings), free_port()) as gateway:
+        http = httpx.Client(base_url=gateway.url, timeout=300)
+        for reward in (1.0, 0.0, 0.5):
+            session = http.post("/v1/sessions", json={}).json()
+            client = openai.OpenAI(base_url=session["base_url"], api_key="unused")
+            client.chat.completions.create(model=model_dir.name, messages=MESSAGES, max_tokens=6)
+            http.post(f"/v1/sessions/{session['id']}/rewards", json={"value": reward})
+            http.post(f"/v1/sessions/{session['id']}/close")
+        trainer = OnlineTrainer(
+            settings, engine, model_dir.name, TrainerConfig(lr=1e-2, batch_sessions=8)
+        )
+        report = trainer.step()
+        trainer.close()
+        assert report is not None and report.version == 1 and report.samples == 3
+        assert [s.outcome for s in report.swaps] == ["swapped"]
+        with httpx.Client(timeout=300) as probe:
+            after = served_scores(probe, served, model_dir.name)
+        assert after.max_abs_diff(reference_scores(trainer.model)) < 1e-4
+        reply = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused").chat.completions
+        completion = reply.create(model=model_dir.name, messages=MESSAGES, max_tokens=4)
+        admin = httpx.Client(base_url=gateway.url, headers={"X-Admin-Key": ADMIN_KEY})
+        assert admin.get(f"/admin/completions/{completion.id}").json()["policy_version"] == 1
+    engine.dispose()

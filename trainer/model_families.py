@@ -19,6 +19,8 @@ LLAMA3_SPECIALS = (
     "<|start_header_id|>",
     "<|end_header_id|>",
     "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",  # Llama 3.1's tool-call marker: vLLM's llama3_json parser looks for it
 )
 
 # Llama 3 style: <|begin_of_text|>, then per message a role header and <|eot_id|>; tool results
