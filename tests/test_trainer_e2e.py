@@ -5,6 +5,7 @@ registered) leaves versions that the next push and the next training step build 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -423,3 +424,46 @@ def test_two_trainer_processes_push_a_version_that_passes_the_swap(env):
         reference = publisher.latest()[1]  # the recorded version, rebuilt from its files
     served = served_scores(httpx.Client(), env.backend, MODEL_NAME)
     assert served.max_abs_diff(reference_scores(reference)) <= 1e-4
+
+
+def test_a_recorded_version_exports_as_a_checkpoint_that_serves_the_same(env, tmp_path):
+    """`rlgw export-model`: the latest version, rebuilt from its base and files, is a checkpoint
+    transformers loads with the served log-probs of that version, and vLLM serves it the same."""
+    from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
+    from rlgw.cli import main as rlgw_main
+    from rlgw.model_dir import inspect_model_dir
+    from trainer.weights import load_reference_model
+
+    drain_queue(env)
+    env.episode(1.0)
+    env.episode(0.0)
+    trainer = env.trainer()
+    assert trainer.step() is not None
+    trainer.close()
+    version = current_version(env)
+    out = tmp_path / "exported"
+    environment = {"RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in environment.items():
+            patch.setenv(key, value)
+        with pytest.raises(SystemExit) as done:
+            rlgw_main(["export-model", "--model", MODEL_NAME, "--out", str(out)])
+    assert done.value.code == 0
+    assert inspect_model_dir(out).architecture == "Qwen2ForCausalLM"
+    assert json.loads((out / "rlgw_export.json").read_text())["version"] == version
+    served = served_scores(httpx.Client(), env.backend, MODEL_NAME)  # the backend serves it
+    assert served.max_abs_diff(reference_scores(load_reference_model(out))) <= 1e-4
+    port = free_port()
+    proc = start_backend(out, port, served_model_name="exported", log_path=tmp_path / "vllm.log")
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=420, proc=proc)
+        again = served_scores(httpx.Client(timeout=300), f"http://127.0.0.1:{port}", "exported")
+    finally:
+        stop_backend(proc)
+    assert again.max_abs_diff(served) <= 1e-4
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in environment.items():
+            patch.setenv(key, value)
+        with pytest.raises(SystemExit) as refused:
+            rlgw_main(["export-model", "--model", MODEL_NAME, "--version", "999", "--out", "x"])
+    assert refused.value.code == 2  # a usage error, said in one line

@@ -6,10 +6,13 @@ import argparse
 from pathlib import Path
 
 from rlgw.backend_launcher import AUTO, run_backend_foreground
+from rlgw.database import ready_database_url
+from rlgw.db.engine import make_sync_engine
 from rlgw.model_dir import check_servable, inspect_model_dir
 from rlgw.settings import Settings
 
 from .output import CommandError, info
+from .train import trainer_errors
 
 PRESETS = ["tiny", "small", "bench-0.5b"]
 
@@ -88,6 +91,26 @@ def cmd_backend(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_export_model(args: argparse.Namespace) -> int:
+    from trainer.export_model import export_model  # here for start-up time: it imports torch
+
+    engine = make_sync_engine(ready_database_url(Settings()))
+    try:
+        with trainer_errors():
+            export_model(
+                engine,
+                args.model,
+                args.version,
+                Path(args.out),
+                dtype=args.dtype,
+                overwrite=args.overwrite,
+                log=info,
+            )
+    finally:
+        engine.dispose()
+    return 0
+
+
 def add_commands(add) -> None:
     p = add("init-model", cmd_init_model, "Write a small random model (Qwen2, Qwen3 or Llama).")
     p.add_argument("--out", required=True, help="output directory")
@@ -103,6 +126,17 @@ def add_commands(add) -> None:
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="on disk")
     p.add_argument("--max-shard-size", default=None, help="e.g. 2GB: write sharded safetensors")
+
+    p = add(
+        "export-model",
+        cmd_export_model,
+        "Write a recorded version as a complete Hugging Face checkpoint (transformers, vLLM).",
+    )
+    p.add_argument("--model", required=True, help="registered model name")
+    p.add_argument("--version", type=int, default=None, help="default: the latest")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty directory")
 
     p = add("backend", cmd_backend, "Run a vLLM server for a model with the flags rlgw needs.")
     p.add_argument("--model", required=True, help="model directory")
