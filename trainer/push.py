@@ -39,7 +39,7 @@ def _read(delta: Path | None, full_dir: Path | None) -> tuple[type[FileUpdate], 
     return kind, tensors
 
 
-def _print_reports(reports: list[SwapReport], log: Callable[[str], None]) -> None:
+def print_reports(reports: list[SwapReport], log: Callable[[str], None]) -> None:
     log(
         "\n| backend | outcome | shipped | paused (s) | out of routing (s) | parity diff | reason |"
     )
@@ -89,7 +89,7 @@ def push(
             publisher.note(published.version, swap_metrics(reports))
     finally:
         engine.dispose()
-    _print_reports(reports, log)
+    print_reports(reports, log)
     if not any(r.outcome == "swapped" for r in reports):
         raise PushRefused(model_name, published.version, reports)
     return reports

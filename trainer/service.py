@@ -8,6 +8,12 @@ recorded version's weights). A crash after it leaves backends behind: the next t
 to the current version with full weights before training. Versions are recorded and pushed by the
 publisher that `rlgw push` uses too (`trainer/publish.py`); a version published by someone else
 while this trainer trained makes its commit a VersionConflict: the sessions go back to the queue.
+
+Governance (docs/governance.md): before each update the trainer carries out the rollbacks asked
+for over the admin API and follows a moved head (a rollback, a rejected candidate) with that
+version's weights and, when kept, its AdamW moments; it claims only sessions whose tenant
+consents; and on a gated model the version it records is a candidate, judged by its gate
+(trainer/gate/) before it serves all traffic, while the trainer waits for the verdict.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from rlgw.db.models import AgentSession, Consumption
+from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
@@ -30,6 +37,7 @@ from rlgw.trajectory import load_trajectory
 from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclaim
 from .config import TrainerConfig
 from .errors import VersionConflict, database_errors
+from .gate.governor import Governor
 from .optimizer_state import restore_optimizer, save_optimizer, state_path
 from .parity import reference_scores
 from .publish import Publisher, swap_metrics
@@ -38,6 +46,7 @@ from .swap.coordinator import SwapReport
 from .swap.hold import GenerationHold, NoHold
 from .tracking import RunLog, rejected_outputs, version_scalars
 from .update import policy_update
+from .versions import head_version, lineage, materialize
 from .weight_update.files import DeltaFile, FullFile
 from .weights import delta, state_dict
 
@@ -94,15 +103,10 @@ class OnlineTrainer:
         self.model.eval()
         self.served = {k: v.clone() for k, v in state_dict(self.model).items()}
         self.pad_id = int(self.model.config.pad_token_id or self.model.config.eos_token_id or 0)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.lr,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-        )
         self.optimizer_path = state_path(settings.home, model_name)
-        self.log(f"[train] {restore_optimizer(self.optimizer, self.optimizer_path, self.version)}")
+        self.optimizer = self._restored_optimizer()
         self.log(f"[train] {model_name}: starting from version {self.version}")
+        self.governor = Governor(settings, self.publisher, log=log)
         self.run_log = RunLog(
             settings.home / "runs" / model_name,
             wandb_project=wandb_project,
@@ -110,7 +114,32 @@ class OnlineTrainer:
             log=log,
         )
         with database_errors():
+            self.governor.recover()  # a candidate whose evaluation was cut off is rejected
             self.sync_backends()
+
+    def _restored_optimizer(self) -> torch.optim.AdamW:
+        """AdamW over the model's parameters, with the moments saved for `self.version` if kept."""
+        optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
+        self.log(f"[train] {restore_optimizer(optimizer, self.optimizer_path, self.version)}")
+        return optimizer
+
+    def _continue_from(self, version: int) -> None:
+        """Train on from `version` (a rollback moved the head, or the gate rejected a candidate):
+        its weights, rebuilt from the version files, and its AdamW moments when they were kept
+        (the state saved before the latest one: a rejected candidate's parent), else fresh ones.
+        The moments of the rejected or rolled-back updates are never carried over."""
+        with self.sessions() as db:
+            reference = materialize(db, self.publisher.model, version)
+        self.model.load_state_dict(reference.state_dict())
+        self.version = version
+        self.served = {k: v.clone() for k, v in state_dict(self.model).items()}
+        self.optimizer = self._restored_optimizer()
+        self.log(f"[train] {self.model_name}: continuing from version {version}")
 
     def close(self) -> None:
         self.instance.close()
@@ -131,6 +160,12 @@ class OnlineTrainer:
     # ------------------------------------------------------------------ one update
     def step(self) -> StepReport | None:
         """One update if enough data is eligible; None otherwise."""
+        if not self.governor.tick():  # rollbacks asked for; a canary still being judged
+            return None
+        with self.sessions() as db:
+            head = head_version(db, self.publisher.model.id)
+        if head != self.version:  # a rollback, or a rejected candidate
+            self._continue_from(head)
         t0 = time.perf_counter()
         now = datetime.now(UTC)
         with self.sessions() as db, db.begin():
@@ -141,6 +176,7 @@ class OnlineTrainer:
                 max_sessions=self.config.batch_sessions,
                 reward_deadline_s=self.settings.group_deadline_s,
                 now=now,
+                consent=self.settings.training_consent,
             )
             if 0 < len(claim.session_ids) < self.config.min_sessions:
                 unclaim(db, claim.session_ids)
@@ -154,8 +190,12 @@ class OnlineTrainer:
             return None
         with self.sessions() as db:
             trajectories = [load_trajectory(db, sid, now) for sid in claim.session_ids]
+            depths = lineage(db, self.publisher.model.id, self.version)
         samples, skips = build_samples(
-            [t for t in trajectories if t], current_version=self.version, config=self.config
+            [t for t in trajectories if t],
+            current_version=self.version,
+            config=self.config,
+            lineage=depths,
         )
         if not samples:  # nothing trainable: the sessions are spent, say why
             with self.sessions() as db, db.begin():
@@ -170,6 +210,7 @@ class OnlineTrainer:
                 None, len(claim.session_ids), 0, len(skips), len(claim.session_ids), {}, []
             )
 
+        self.governor.baseline(self.version)  # the promoted version's score, while it serves
         with self._update_window() as window:
             before = reference_scores(self.model)
             metrics = policy_update(self.model, self.optimizer, samples, self.config, self.pad_id)
@@ -196,7 +237,11 @@ class OnlineTrainer:
             except VersionConflict:
                 with self.sessions() as db, db.begin():
                     unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
-                raise
+                with self.sessions() as db:
+                    if not rolled_back_since(db, self.model_name, now):
+                        raise
+                self.log("[train] a rollback moved the model meanwhile: this update is dropped")
+                return None
             metrics["bytes"] = published.update.nbytes
             save_optimizer(self.optimizer, self.optimizer_path, published.version)
             _maybe_crash("crash-after-commit")
@@ -205,6 +250,12 @@ class OnlineTrainer:
             self.served = {k: v.clone() for k, v in weights.items()}
             window.wake()
             swaps = self.publisher.push(published, self.model, reference_old=before)
+        if published.candidate:  # its gate judges it before it serves all traffic
+            verdict = self.governor.judge(published, self.model, before)
+            swaps += verdict.swaps
+            metrics["gate"] = verdict.outcome
+            if verdict.head != self.version:
+                self._continue_from(verdict.head)
         if window.report is not None:
             metrics["hold_s"] = window.report.held_s
             metrics["hold_drain_s"] = window.report.drain_s
@@ -241,12 +292,15 @@ class OnlineTrainer:
         """The ledger and the consumed sessions, in the transaction that records `version`."""
         now = datetime.now(UTC)
         model_id = self.publisher.model.id
+        sessions = {sid: db.get(AgentSession, sid) for sid in session_ids}
+        tenant = {sid: s.tenant for sid, s in sessions.items()}  # provenance, kept after a purge
         db.add_all(
             Consumption(
                 model_id=model_id,
                 version=version,
                 session_id=s.session_id,
                 completion_id=s.completion_id,
+                tenant=tenant.get(s.session_id),
                 used=True,
                 tokens=len(s.output_ids),
                 advantage=s.advantage,
@@ -259,13 +313,13 @@ class OnlineTrainer:
                 version=version,
                 session_id=s.session_id,
                 completion_id=s.completion_id,
+                tenant=tenant.get(s.session_id),
                 used=False,
                 reason=s.reason,
             )
             for s in skips
         )
-        for sid in session_ids:
-            session = db.get(AgentSession, sid)
+        for session in sessions.values():
             session.status, session.consumed_at = "consumed", now
 
     @staticmethod

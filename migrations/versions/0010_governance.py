@@ -299,7 +299,7 @@ def _new_tables() -> None:
             "state",
             sa.String(length=16),
             nullable=True,
-            comment="rollbacks: pending|done|failed; null for the other actions",
+            comment="rollbacks: pending|running|done|failed; null for the other actions",
         ),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_audit_log")),

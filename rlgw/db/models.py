@@ -453,6 +453,6 @@ class AuditEvent(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     state: Mapped[str | None] = mapped_column(
-        String(16), comment="rollbacks: pending|done|failed; null for the other actions"
+        String(16), comment="rollbacks: pending|running|done|failed; null for the other actions"
     )
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
