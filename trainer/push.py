@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from rlgw.db.engine import make_sync_engine
 from rlgw.settings import Settings
 
-from .errors import BadUpdate, PushError, PushRefused, database_errors
+from .errors import BadUpdate, GatedModel, PushError, PushRefused, database_errors
 from .parity import reference_scores
 from .publish import Publisher, swap_metrics
 from .swap.coordinator import CONTROL_TIMEOUT_S, SwapReport
@@ -64,7 +64,8 @@ def push(
 ) -> list[SwapReport]:
     """Record the weights as the next version and swap every backend to it; the reports of a
     push that at least one backend took. Raises trainer.errors.TrainerError otherwise (one-line
-    messages): BadUpdate, UnknownModel, DatabaseUnavailable, VersionConflict, PushRefused."""
+    messages): BadUpdate, GatedModel, UnknownModel, DatabaseUnavailable, VersionConflict,
+    PushRefused."""
     kind, tensors = _read(delta, full_dir)
     engine = make_sync_engine(database_url)
     try:
@@ -72,6 +73,8 @@ def push(
             database_errors(),
             Publisher(settings, engine, model_name, timeout_s=timeout_s, log=log) as publisher,
         ):
+            if publisher.gated():
+                raise GatedModel(model_name)
             parent, reference = publisher.latest()
             log(f"[push] rebuilt the reference of {model_name} version {parent}")
             expected = {k: tuple(v.shape) for k, v in state_dict(reference).items()}

@@ -254,7 +254,7 @@ class OnlineTrainer:
             verdict = self.governor.judge(published, self.model, before)
             swaps += verdict.swaps
             metrics["gate"] = verdict.outcome
-            if verdict.head != self.version:
+            if verdict.outcome != "canary" and verdict.head != self.version:  # rejected
                 self._continue_from(verdict.head)
         if window.report is not None:
             metrics["hold_s"] = window.report.held_s

@@ -62,14 +62,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def trainer_errors() -> Iterator[None]:
-    """The trainer's expected failures (trainer/errors.py) as one line: a wrong model name or
-    bad weights are usage errors (exit 2), the rest exit 1."""
-    from trainer.errors import BadUpdate, TrainerError, UnknownModel
+    """The trainer's expected failures (trainer/errors.py) as one line: a wrong model name, bad
+    weights or a push past a promotion gate are usage errors (exit 2), the rest exit 1."""
+    from trainer.errors import BadUpdate, GatedModel, TrainerError, UnknownModel
 
     try:
         yield
     except TrainerError as exc:
-        code = 2 if isinstance(exc, UnknownModel | BadUpdate) else 1
+        code = 2 if isinstance(exc, UnknownModel | BadUpdate | GatedModel) else 1
         raise CommandError(str(exc), code=code) from None
 
 
