@@ -1,5 +1,5 @@
-"""The gate's decisions: judge a candidate (its evaluation, then an optional canary), promote it
-or reject it, and keep the backends on the promoted version through verified swaps.
+"""The gate's judgement of a model's candidates: its evaluation, then an optional canary, then a
+verdict (trainer/gate/verdicts.py) that promotes or rejects it.
 
     recorded as candidate -> swapped onto one backend (the others keep serving the promoted one)
         -> evaluation through the gateway, pinned to the candidate
@@ -8,13 +8,13 @@ or reject it, and keep the backends on the promoted version through verified swa
                    -> promoted: current_version moves, the other backends get it (verified)
 
 Every verdict is written with its scores (`policy_versions.status`, `.gate_report`) and to the
-audit log, and announced to the gateways (NOTIFY) in the transaction that decides it.
+audit log, and announced to the gateways (NOTIFY) in the transaction that decides it. The scores
+of each version on each evaluation are kept in its gate report (`scores`, by digest).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,33 +23,14 @@ from sqlalchemy import select
 
 from rlgw import backend_state as bs
 from rlgw.db.models import PolicyVersion, PromotionGate, RegisteredModel
-from rlgw.governance import audit
 from rlgw.governance.canary_metrics import canary_metrics
-from rlgw.governance.version_status import PROMOTED, REJECTED
 from rlgw.settings import Settings
 
-from ..parity import ProbeScores, reference_scores
+from ..parity import ProbeScores
 from ..publish import Published, Publisher
 from ..rollback import carry_out_pending
-from ..swap.coordinator import SwapReport
-from ..versions import materialize
-from ..weight_update.files import stored_update
 from .run_eval import GateError, GatewayEval
-
-ACTOR = "gate"
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-@dataclass
-class Verdict:
-    version: int
-    outcome: str  # promoted | rejected | canary (still being judged) | superseded
-    head: int  # the promoted version afterwards: what the trainer continues from
-    reason: str
-    swaps: list[SwapReport] = field(default_factory=list)
+from .verdicts import Verdict, Verdicts
 
 
 class Governor:
@@ -62,6 +43,7 @@ class Governor:
         self.sessions = publisher.sessions
         self.model_id, self.model_name = publisher.model.id, publisher.model.name
         self.evaluator = GatewayEval(settings, self.sessions, self.model_name, log=log)
+        self.verdicts = Verdicts(publisher, log=log)
 
     def _state(self) -> tuple[RegisteredModel, PromotionGate | None]:
         with self.sessions() as db:
@@ -124,20 +106,22 @@ class Governor:
         _, gate = self._state()
         report: dict[str, Any] = {"parent": parent}
         if gate is None:
-            return self.reject(version, report, "the gate was cleared while it judged")
+            return self.verdicts.reject(version, report, "the gate was cleared while it judged")
         try:
             result = self.evaluator.run(version, gate.eval_items, eval_name=gate.eval_name)
         except GateError as exc:
-            return self.reject(version, report, f"the evaluation could not be run: {exc}")
+            return self.verdicts.reject(version, report, f"the evaluation could not be run: {exc}")
         self._keep_score(version, gate.eval_digest, result.score)
         report["eval"] = result.summary(gate.eval_name, gate.eval_digest)
         passed, reason = self._passes(gate, result.score, parent)
         report["eval"]["baseline"] = self._score(parent, gate.eval_digest)
         if not passed:
-            return self.reject(version, report, reason)
+            return self.verdicts.reject(version, report, reason)
         if gate.canary:
             return self._start_canary(version, parent, gate, report, reason)
-        return self.promote(version, report, reason, model=model, reference_old=reference_old)
+        return self.verdicts.promote(
+            version, report, reason, model=model, reference_old=reference_old
+        )
 
     def _start_canary(
         self, version: int, parent: int, gate: PromotionGate, report: dict, passed: str
@@ -148,7 +132,7 @@ class Governor:
             if b.state == bs.ACTIVE and b.served_version is not None
         ]
         if len(in_service) < 2:
-            return self.reject(
+            return self.verdicts.reject(
                 version,
                 report,
                 f"evaluation passed ({passed}), but a canary needs two backends in service "
@@ -176,7 +160,7 @@ class Governor:
             return None
         version, parent = model.candidate_version, model.current_version
         if gate is None:
-            return self.reject(version, {}, "the gate was cleared while its canary ran")
+            return self.verdicts.reject(version, {}, "the gate was cleared while its canary ran")
         with self.sessions() as db:
             metrics = canary_metrics(db, model, self.settings.training_consent)
         assert metrics is not None
@@ -190,10 +174,10 @@ class Governor:
                 f"version {parent}: {'within' if ok else 'more than'} the allowed drop of "
                 f"{gate.canary_max_drop:g}"
             )
-            return (self.promote if ok else self.reject)(version, report, reason)
+            return (self.verdicts.promote if ok else self.verdicts.reject)(version, report, reason)
         age = (datetime.now(UTC) - model.canary_started_at).total_seconds()
         if age > gate.canary_timeout_s:
-            return self.reject(
+            return self.verdicts.reject(
                 version,
                 report,
                 f"canary timed out after {gate.canary_timeout_s:g} s with "
@@ -216,75 +200,6 @@ class Governor:
         canary, which lives in the database, goes on)."""
         model, _ = self._state()
         if model.candidate_version is not None and model.canary_started_at is None:
-            self.reject(model.candidate_version, {}, "the trainer stopped before the gate decided")
-
-    # ------------------------------------------------------------------ verdicts
-    def _decide(self, version: int, status: str, report: dict, reason: str) -> int | None:
-        """Write the verdict; the parent version, or None when the candidate is no longer this
-        one (a rollback decided it meanwhile)."""
-        with self.sessions() as db, db.begin():
-            model = db.get(RegisteredModel, self.model_id, with_for_update=True)
-            if model.candidate_version != version:
-                return None
-            row = self._row(db, version)
-            row.status = status
-            decided = {"verdict": status, "reason": reason, "decided_at": _now_iso()}
-            row.gate_report = {**(row.gate_report or {}), **report, **decided}
-            if status == PROMOTED:
-                model.current_version = version
-            model.candidate_version = model.canary_share = model.canary_started_at = None
-            audit.record(
-                db,
-                status,
-                actor=ACTOR,
-                model=self.model_name,
-                from_version=row.parent_version,
-                to_version=version,
-                reason=reason,
-                detail={
-                    "score": (report.get("eval") or {}).get("score"),
-                    "baseline": (report.get("eval") or {}).get("baseline"),
-                    "canary": report.get("canary_metrics"),
-                },
+            self.verdicts.reject(
+                model.candidate_version, {}, "the trainer stopped before the gate decided"
             )
-            db.execute(bs.NOTIFY, bs.model_notify_args(self.model_id))
-            return row.parent_version
-
-    def promote(
-        self,
-        version: int,
-        report: dict,
-        reason: str,
-        *,
-        model: torch.nn.Module | None = None,
-        reference_old: ProbeScores | None = None,
-    ) -> Verdict:
-        """The candidate serves all traffic: every other backend gets it, verified."""
-        parent = self._decide(version, PROMOTED, report, reason)
-        if parent is None:
-            return Verdict(version, "superseded", self._state()[0].current_version, reason)
-        self.log(f"[gate] version {version} promoted: {reason}")
-        with self.sessions() as db:
-            row = self._row(db, version)
-            model = model or materialize(db, self.publisher.model, version)
-            if reference_old is None:
-                reference_old = reference_scores(materialize(db, self.publisher.model, parent))
-        published = Published(version, parent, stored_update(row.kind, row.weights_path))
-        rest = [
-            b
-            for b in self.publisher.coordinator.backends(self.model_id)
-            if b.served_version != version
-        ]
-        swaps = self.publisher.push(published, model, reference_old=reference_old, backends=rest)
-        return Verdict(version, PROMOTED, version, reason, swaps)
-
-    def reject(self, version: int, report: dict, reason: str) -> Verdict:
-        """The candidate never serves all traffic: its backend gets the promoted version back."""
-        parent = self._decide(version, REJECTED, report, reason)
-        head = self._state()[0].current_version
-        if parent is None:
-            return Verdict(version, "superseded", head, reason)
-        self.log(f"[gate] version {version} rejected: {reason}")
-        with self.sessions() as db:
-            promoted = materialize(db, self.publisher.model, head)
-        return Verdict(version, REJECTED, head, reason, self.publisher.sync(head, promoted))
