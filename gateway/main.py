@@ -15,8 +15,10 @@ from rlgw.settings import Settings, get_settings
 
 from .admin.backends import router as admin_backends_router
 from .admin.keys import router as admin_keys_router
+from .admin.models import router as admin_models_router
 from .admin.register import router as register_router
 from .admin.router import router as admin_router
+from .admin.tenants import router as admin_tenants_router
 from .anthropic.router import router as anthropic_router
 from .auth import AuthService
 from .body_limit import BodyLimitMiddleware
@@ -34,6 +36,8 @@ from .proxy.service import ProxyService
 from .recording.doubtful_journal import DoubtfulJournal, journal_directory
 from .recording.recorder import Recorder
 from .responses.router import router as responses_router
+from .retention import enabled as retention_enabled
+from .retention import sweep_periodically
 from .sessions.router import router as sessions_router
 
 log = logging.getLogger("rlgw.gateway")
@@ -106,11 +110,18 @@ def create_app(
             prober = asyncio.create_task(
                 watch_backends(pool, http, interval_s=settings.backend_health_interval_s)
             )
+            sweeper = (
+                asyncio.create_task(sweep_periodically(engine, settings))
+                if retention_enabled(settings)
+                else None
+            )
             try:
                 yield
             finally:
                 refresher.cancel()
                 prober.cancel()
+                if sweeper is not None:
+                    sweeper.cancel()
                 await recorder.stop()
                 await engine.dispose()
 
@@ -126,6 +137,8 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(admin_backends_router)
     app.include_router(admin_keys_router)
+    app.include_router(admin_models_router)
+    app.include_router(admin_tenants_router)
     app.include_router(register_router)
     app.include_router(health_router)
     app.include_router(dashboard_router)

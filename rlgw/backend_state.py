@@ -44,5 +44,11 @@ def notify_args(backend_id: int) -> dict[str, str]:
     return {"channel": CHANNEL, "payload": str(backend_id)}
 
 
+def model_notify_args(model_id: int) -> dict[str, str]:
+    """NOTIFY arguments for a change of what a model's backends may serve (its promoted or
+    candidate version, a canary, a version's status): gateways re-read the registry."""
+    return {"channel": CHANNEL, "payload": f"model:{model_id}"}
+
+
 def backends_of(model_id: int):
     return select(Backend).where(Backend.model_id == model_id).order_by(Backend.id)

@@ -183,6 +183,34 @@ class Settings(BaseSettings):
         "registry state in Postgres is not changed (docs/architecture.md#backend-health).",
     )
 
+    training_consent: Literal["all", "none"] = Field(
+        default="all",
+        description="What a tenant without a training policy (PUT /admin/tenants/{t}/training-"
+        "policy) consents to: all: its sessions may train every model; none: they are recorded "
+        "and served but never trained on. Sessions created with auth off (no tenant) follow it "
+        "too. The trainer applies it: set the same value where the trainer runs.",
+    )
+    retention_text_days: float | None = Field(
+        default=None,
+        ge=0,
+        description="Drop the request and response bodies of completions older than this many "
+        "days; token ids, log-probs, rewards and the ledger stay (training still works). Empty: "
+        "keep texts forever.",
+    )
+    retention_records_days: float | None = Field(
+        default=None,
+        ge=0,
+        description="Delete whole sessions (completions, rewards) created longer ago than this "
+        "many days, except sessions claimed by an update in progress; the ledger keeps their "
+        "tenant, tokens and versions. Empty: keep records forever.",
+    )
+    retention_sweep_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="How often each gateway applies the retention settings (0: never; "
+        "`rlgw retention sweep` runs it once).",
+    )
+
     @field_validator("database_url")
     @classmethod
     def _normalise_url(cls, url: str | None) -> str | None:

@@ -10,10 +10,17 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
+from rlgw.db.models import (
+    AgentSession,
+    Completion,
+    Consumption,
+    RegisteredModel,
+    Reward,
+    SessionGroup,
+)
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 from rlgw.eligibility import eligibility_reason
 from rlgw.rewards import GroupVerdict, Member, judge_group, normalize_returns
@@ -122,12 +129,29 @@ class SiblingGroupOut(BaseModel):
     )
 
 
+class TrainedInto(BaseModel):
+    """One version whose update consumed the session (the trainer's ledger)."""
+
+    model: str
+    version: int
+    completions: int = Field(description="its completions that update trained on")
+
+
 class Trajectory(BaseModel):
     session_id: str
     group_id: str | None
     task_id: str | None
     status: str
     train: bool
+    tenant: str | None = Field(
+        default=None,
+        description="the tenant whose agent key created it (null: created with auth off); its "
+        "training policy decides which models it may train",
+    )
+    trained_into: list[TrainedInto] = Field(
+        default_factory=list,
+        description="provenance: the versions whose update consumed this session",
+    )
     metadata: dict[str, Any]
     group: GroupOut | None
     return_raw: float | None = Field(description="sum of the session's counting rewards")
@@ -246,6 +270,8 @@ def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory |
         task_id=session.task_id,
         status=session.status,
         train=session.train,
+        tenant=session.tenant,
+        trained_into=_trained_into(db, session_id),
         metadata=session.meta,
         group=group_out,
         return_raw=return_raw,
@@ -263,6 +289,17 @@ def load_trajectory(db: Session, session_id: str, now: datetime) -> Trajectory |
     for step in steps:
         step.reward_normalized = siblings.get(step.completion_id, return_normalized)
     return trajectory
+
+
+def _trained_into(db: Session, session_id: str) -> list[TrainedInto]:
+    rows = db.execute(
+        select(RegisteredModel.name, Consumption.version, func.count().filter(Consumption.used))
+        .join(RegisteredModel, RegisteredModel.id == Consumption.model_id)
+        .where(Consumption.session_id == session_id)
+        .group_by(RegisteredModel.name, Consumption.version)
+        .order_by(RegisteredModel.name, Consumption.version)
+    ).all()
+    return [TrainedInto(model=m, version=v, completions=n) for m, v, n in rows]
 
 
 def sibling_groups(steps: list[Step], how: str) -> list[SiblingGroupOut]:

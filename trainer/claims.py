@@ -1,9 +1,11 @@
 """Claiming eligible sessions for an update, without double-claiming across trainers.
 
-A session is eligible when it is closed, meant for training, has a reward that counts, and its
-group (if any) is ready. Claims take row locks with SKIP LOCKED, then mark the sessions
-`claimed` by this trainer instance; a trainer holds a Postgres advisory lock on its instance id for
-its whole life, so a claim whose owner's lock is free belongs to a dead trainer and is released.
+A session is eligible when it is closed, meant for training, has a reward that counts, its
+tenant consents to training this model (rlgw/governance/consent.py: checked at claim time, so a
+policy change applies to every session not consumed yet), and its group (if any) is ready.
+Claims take row locks with SKIP LOCKED, then mark the sessions `claimed` by this trainer
+instance; a trainer holds a Postgres advisory lock on its instance id for its whole life, so a
+claim whose owner's lock is free belongs to a dead trainer and is released.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.orm import Session
 
 from rlgw.db.models import AgentSession, SessionGroup
+from rlgw.governance.consent import consented_sql
 from rlgw.trajectory import group_verdict
 
 INSTANCE_LOCK_NAMESPACE = 7_262_002
@@ -23,6 +26,7 @@ INSTANCE_LOCK_NAMESPACE = 7_262_002
 _FOR_MODEL = """
     EXISTS (SELECT 1 FROM completions c WHERE c.session_id = s.id AND c.model = :model)
 """
+_CONSENTED = consented_sql("s.tenant")
 _HAS_COUNTING_REWARD = """
     EXISTS (SELECT 1 FROM rewards r LEFT JOIN completions rc ON rc.id = r.completion_id
             WHERE r.session_id = s.id AND (rc.id IS NULL OR rc.orphan_reason IS NULL))
@@ -72,20 +76,23 @@ def release_dead_claims(db: Session) -> int:
     return released
 
 
-def _claim_groups(db: Session, model: str, limit: int, now: datetime, claim: Claim) -> None:
+def _claim_groups(
+    db: Session, model: str, limit: int, now: datetime, claim: Claim, consent: bool
+) -> None:
+    params = {"model": model, "consent_default": consent}
     groups = db.scalars(
         select(SessionGroup)
         .where(
             SessionGroup.status == "open",
             text(
                 "EXISTS (SELECT 1 FROM sessions s WHERE s.group_id = groups.id "
-                f"AND s.status = 'closed' AND s.train AND {_FOR_MODEL})"
+                f"AND s.status = 'closed' AND s.train AND {_FOR_MODEL} AND {_CONSENTED})"
             ),
         )
         .order_by(SessionGroup.created_at)
         .with_for_update(skip_locked=True)
         .limit(limit),
-        {"model": model},
+        params,
     ).all()
     for group in groups:
         verdict, _ = group_verdict(db, group, now)
@@ -97,8 +104,10 @@ def _claim_groups(db: Session, model: str, limit: int, now: datetime, claim: Cla
                 AgentSession.group_id == group.id,
                 AgentSession.status == "closed",
                 AgentSession.train.is_(True),
+                text(consented_sql("sessions.tenant")),
             )
-            .with_for_update()
+            .with_for_update(),
+            params,
         ).all()
         if verdict.status == "dropped":
             group.status, group.dropped_reason = "dropped", verdict.reason
@@ -110,18 +119,18 @@ def _claim_groups(db: Session, model: str, limit: int, now: datetime, claim: Cla
         claim.session_ids.extend(m.id for m in members)
 
 
-def _claim_singletons(db: Session, model: str, limit: int, claim: Claim) -> None:
+def _claim_singletons(db: Session, model: str, limit: int, claim: Claim, consent: bool) -> None:
     rows = (
         db.execute(
             text(f"""
         SELECT s.id FROM sessions s
         WHERE s.status = 'closed' AND s.group_id IS NULL AND s.train
-          AND {_FOR_MODEL} AND {_HAS_COUNTING_REWARD}
+          AND {_FOR_MODEL} AND {_HAS_COUNTING_REWARD} AND {_CONSENTED}
         ORDER BY s.closed_at, s.id
         LIMIT :limit
         FOR UPDATE OF s SKIP LOCKED
     """),
-            {"model": model, "limit": limit},
+            {"model": model, "limit": limit, "consent_default": consent},
         )
         .scalars()
         .all()
@@ -158,13 +167,17 @@ def claim_sessions(
     max_sessions: int,
     reward_deadline_s: float,
     now: datetime,
+    consent: str = "all",
 ) -> Claim:
-    """Claim up to about `max_sessions` eligible sessions (whole groups); commit before use."""
+    """Claim up to about `max_sessions` eligible sessions (whole groups) whose tenants consent to
+    training `model` (`consent`: RLGW_TRAINING_CONSENT, for tenants without a policy); commit
+    before use."""
     claim = Claim()
-    _claim_groups(db, model, max_sessions, now, claim)
+    consents = consent == "all"
+    _claim_groups(db, model, max_sessions, now, claim, consents)
     room = max_sessions - len(claim.session_ids)
     if room > 0:
-        _claim_singletons(db, model, room, claim)
+        _claim_singletons(db, model, room, claim, consents)
     _drop_unrewarded(db, model, now - timedelta(seconds=reward_deadline_s), claim)
     if claim.session_ids:
         db.execute(

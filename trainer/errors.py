@@ -8,6 +8,8 @@
     └── PushError                `rlgw push` did not install the weights (also: a usage error)
         ├── BadUpdate            the weights given cannot become a version (unreadable file,
         │                        unknown names, wrong shapes, NaN); nothing was recorded
+        ├── GatedModel           the model has a promotion gate: its versions come through the
+        │                        gate (the trainer), never pushed past it; nothing was recorded
         └── PushRefused          the version is recorded and current, but no backend took it
                                  (every backend refused, or none is registered)
 
@@ -53,6 +55,16 @@ class PushError(TrainerError):
 
 class BadUpdate(PushError):
     """The weights given cannot become a version; nothing was recorded."""
+
+
+class GatedModel(PushError):
+    """The model has a promotion gate; a push would put weights past it."""
+
+    def __init__(self, model_name: str) -> None:
+        super().__init__(
+            f"{model_name} has a promotion gate: new versions reach it through the gate (rlgw "
+            "train), not rlgw push; `rlgw gate clear` first if you mean to bypass it (audited)"
+        )
 
 
 class PushRefused(PushError):

@@ -1,4 +1,5 @@
-"""The trainer's AdamW moments, kept across restarts: saved after each committed version.
+"""The trainer's AdamW moments, kept across restarts: saved after each committed version, with
+the state before it kept beside, so a candidate the gate rejects continues from its parent's.
 
 Two layouts: torch's own (`optimizer.state_dict()`, moments keyed by parameter index) for one
 process, and the whole state keyed by parameter name that FSDP2 gathers for several ranks. A file
@@ -20,36 +21,56 @@ def state_path(home: Path, model: str) -> Path:
     return home / "versions" / model / "optimizer.pt"
 
 
+def previous_path(path: Path) -> Path:
+    """The state saved before the latest one (that of the version the latest was built on)."""
+    return path.with_name("optimizer.previous.pt")
+
+
 def save_state(state: dict, path: Path, version: int, *, keyed_by: str = INDEX) -> None:
-    """Write the optimizer state reached by committing `version`, atomically."""
+    """Write the optimizer state reached by committing `version`, atomically; the state it
+    replaces is kept as `previous_path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     torch.save({"version": version, "keyed_by": keyed_by, "state": state}, partial)
+    if path.exists():
+        os.replace(path, previous_path(path))
     os.replace(partial, path)
 
 
-def load_state(path: Path, version: int, *, keyed_by: str = INDEX) -> tuple[dict | None, str]:
-    """(the saved state, what happened) if it belongs to `version` and has this layout; else
-    (None, why not): the optimizer then starts fresh."""
+def _read(path: Path) -> dict | str:
+    """The saved file, or why it cannot be used."""
     if not path.exists():
-        return None, f"no saved optimizer state: {FRESH}"
+        return "no saved optimizer state"
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-        saved_version = int(saved["version"])
-        layout = saved.get("keyed_by", INDEX)
+        return {
+            "version": int(saved["version"]),
+            "keyed_by": saved.get("keyed_by", INDEX),
+            "state": saved["state"],
+        }
     except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
-        return None, f"saved optimizer state unreadable ({exc}): {FRESH}"
-    if saved_version != version:
-        return None, (
-            f"saved optimizer state is of version {saved_version}, not {version} (a push "
-            f"since, or a stop between a commit and its save): {FRESH}"
-        )
-    if layout != keyed_by:
-        return None, (
-            f"saved optimizer state is keyed by parameter {layout}, this trainer's by {keyed_by} "
-            f"(another process count): {FRESH}"
-        )
-    return saved["state"], f"optimizer state of version {version} restored"
+        return f"saved optimizer state unreadable ({exc})"
+
+
+def load_state(path: Path, version: int, *, keyed_by: str = INDEX) -> tuple[dict | None, str]:
+    """(the saved state, what happened) for `version`: the latest file, else the one kept before
+    it, if it belongs to that version and has this layout; else (None, why not): the optimizer
+    then starts fresh."""
+    latest = _read(path)
+    for saved in (latest, _read(previous_path(path))):
+        if isinstance(saved, dict) and saved["version"] == version:
+            if saved["keyed_by"] != keyed_by:
+                return None, (
+                    f"saved optimizer state is keyed by parameter {saved['keyed_by']}, this "
+                    f"trainer's by {keyed_by} (another process count): {FRESH}"
+                )
+            return saved["state"], f"optimizer state of version {version} restored"
+    if isinstance(latest, str):
+        return None, f"{latest}: {FRESH}"
+    return None, (
+        f"saved optimizer state is of version {latest['version']}, not {version} (a push or a "
+        f"rollback since, or a stop between a commit and its save): {FRESH}"
+    )
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, path: Path, version: int) -> None:

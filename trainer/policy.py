@@ -51,12 +51,7 @@ class Policy:
             shard_model(self.training)
             load_full_state(self.training, state_dict(reference) if is_rank0() else None)
         self.training.eval()
-        self.optimizer = torch.optim.AdamW(
-            self.training.parameters(),
-            lr=config.lr,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-        )
+        self.optimizer = self._new_optimizer()
         config_of = reference.config
         self.pad_id = int(config_of.pad_token_id or config_of.eos_token_id or 0)
 
@@ -83,6 +78,28 @@ class Policy:
         if is_rank0():
             load_full(self.reference, full)
         return full
+
+    def reset_to(self, weights: dict[str, torch.Tensor] | None, path: Path, version: int) -> str:
+        """Move to another version (a rollback, a rejected candidate): its weights (rank 0
+        passes them; None elsewhere), a fresh AdamW, and its moments if they were kept. A
+        collective when sharded; returns what happened to the moments."""
+        if is_rank0():
+            load_full(self.reference, weights)
+        if self.training is not self.reference:
+            if self.sharded:
+                load_full_state(self.training, weights if is_rank0() else None)
+            else:
+                load_full(self.training, weights)
+        self.optimizer = self._new_optimizer()
+        return self.restore_moments(path, version)
+
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        return torch.optim.AdamW(
+            self.training.parameters(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
 
     # ------------------------------------------------------------------ AdamW moments
     def save_moments(self, path: Path, version: int) -> None:

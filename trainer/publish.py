@@ -8,6 +8,11 @@ is touched; the trainer adds its ledger to that transaction. A backend that refu
 (or is not there) stays on its old one, out of date but verified, and the next publish (or a
 trainer's start) brings it forward with full weights. So a refused or partial push leaves
 nothing to clean up, and the next version is always `latest + 1`.
+
+A model with a promotion gate (docs/governance.md) records a new version as its *candidate*
+instead: `current_version` stays on the promoted one, and the candidate goes to one backend only
+(`push`), where the gate judges it (trainer/gate/); the next version is built on the promoted
+one, never on a candidate.
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ import torch
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from rlgw.backend_state import backends_of
-from rlgw.db.models import PolicyVersion, RegisteredModel
+from rlgw.backend_state import ACTIVE, backends_of
+from rlgw.db.models import Backend, PolicyVersion, PromotionGate, RegisteredModel
+from rlgw.governance.version_status import CANDIDATE, PROMOTED
 from rlgw.settings import Settings
 
 from .errors import UnknownModel, VersionConflict
 from .parity import ProbeScores, reference_scores
 from .swap.coordinator import CONTROL_TIMEOUT_S, SwapCoordinator, SwapPlan, SwapReport
-from .versions import file_sha256, latest_version, materialize, version_file
+from .versions import file_sha256, head_version, latest_version, materialize, version_file
 from .weight_update.files import FileUpdate, FullFile
 from .weights import state_dict
 
@@ -40,6 +46,7 @@ class Published:
     version: int
     parent: int
     update: FileUpdate
+    candidate: bool = False  # the model has a gate: the version waits for its verdict
 
 
 def swap_metrics(reports: list[SwapReport]) -> dict[str, Any]:
@@ -89,10 +96,15 @@ class Publisher:
 
     # ------------------------------------------------------------------ versions
     def latest(self) -> tuple[int, torch.nn.Module]:
-        """The latest version and its reference model (what the next version is built on)."""
+        """The promoted version and its reference model (what the next version is built on)."""
         with self.sessions() as db:
-            version = latest_version(db, self.model.id)
+            version = head_version(db, self.model.id)
             return version, materialize(db, self.model, version)
+
+    def gated(self) -> bool:
+        """Whether the model has a promotion gate."""
+        with self.sessions() as db:
+            return db.get(PromotionGate, self.model.id) is not None
 
     def record(
         self,
@@ -103,17 +115,19 @@ class Publisher:
         metrics: dict[str, Any] | None = None,
         rows: Callable[[Session, int], None] | None = None,
     ) -> Published:
-        """Record version parent + 1 with its payload, as the model's current version, in one
+        """Record the next version (numbered after the newest) with its payload, built on
+        `parent`, as the model's current version, or as its candidate when it has a gate, in one
         transaction (`rows(db, version)` adds the caller's rows to it: the trainer's ledger).
-        Raises VersionConflict when `parent` is no longer the latest version."""
+        Raises VersionConflict when `parent` is no longer the current version, or a candidate
+        is being judged."""
         with self.sessions() as db, db.begin():
             # The model's row lock orders publishers: the payload is written under it, so two
             # of them never write the same version's file.
             model = db.get(RegisteredModel, self.model.id, with_for_update=True)
-            latest = latest_version(db, model.id)
-            if latest != parent:
-                raise VersionConflict(model.name, parent, latest)
-            version = parent + 1
+            if model.current_version != parent or model.candidate_version is not None:
+                raise VersionConflict(model.name, parent, model.current_version)
+            version = latest_version(db, model.id) + 1
+            candidate = db.get(PromotionGate, model.id) is not None
             update = kind.write(payload, version_file(self.home, model.name, version, kind.kind))
             db.add(
                 PolicyVersion(
@@ -124,12 +138,16 @@ class Publisher:
                     weights_path=update.path,
                     checksum=file_sha256(update.path),
                     metrics={**(metrics or {}), "bytes": update.nbytes},
+                    status=CANDIDATE if candidate else PROMOTED,
                 )
             )
             if rows is not None:
                 rows(db, version)
-            model.current_version = version
-        return Published(version, parent, update)
+            if candidate:
+                model.candidate_version = version
+            else:
+                model.current_version = version
+        return Published(version, parent, update, candidate)
 
     def note(self, version: int, metrics: dict[str, Any]) -> None:
         """Add measurements (pause, swap outcomes) to a recorded version's metrics."""
@@ -144,10 +162,15 @@ class Publisher:
 
     # ------------------------------------------------------------------ backends
     def push(
-        self, published: Published, model: torch.nn.Module, *, reference_old: ProbeScores
+        self,
+        published: Published,
+        model: torch.nn.Module,
+        *,
+        reference_old: ProbeScores,
+        backends: list[Backend] | None = None,
     ) -> list[SwapReport]:
-        """Swap every backend to `published`, whose weights `model` holds; backends not at its
-        parent get full weights."""
+        """Swap every backend (or `backends`; a candidate: its gate backend only) to
+        `published`, whose weights `model` holds; backends not at its parent get full weights."""
         fallback = None
         if published.update.relative and self._behind(published.parent):
             fallback = self._full(published.version, model)
@@ -161,7 +184,18 @@ class Publisher:
             reference_old=reference_old,
             fallback=fallback,
         )
-        return self.coordinator.push(plan)
+        if backends is None and published.candidate:
+            backends = self.gate_backend(published.parent)
+        if backends is None:
+            return self.coordinator.push(plan)
+        return [self.coordinator.swap_backend(b, plan) for b in backends]
+
+    def gate_backend(self, parent: int) -> list[Backend]:
+        """The one backend a candidate goes to (the others keep serving the promoted version):
+        the last one in routing on its parent, else the last one."""
+        backends = self.coordinator.backends(self.model.id)
+        serving = [b for b in backends if b.state == ACTIVE and b.served_version == parent]
+        return (serving or backends)[-1:]
 
     def sync(self, version: int, model: torch.nn.Module) -> list[SwapReport]:
         """Bring the backends that serve another version to `version` (full weights)."""
@@ -180,9 +214,13 @@ class Publisher:
         return [self.coordinator.swap_backend(b, plan) for b in behind]
 
     def _behind(self, version: int) -> list:
+        """Backends serving another version than `version`, but for a candidate being judged."""
         with self.sessions() as db:
+            candidate = db.get(RegisteredModel, self.model.id).candidate_version
             return [
-                b for b in db.scalars(backends_of(self.model.id)) if b.served_version != version
+                b
+                for b in db.scalars(backends_of(self.model.id))
+                if b.served_version not in (version, candidate) or b.served_version is None
             ]
 
     def _full(self, version: int, model: torch.nn.Module) -> FullFile:

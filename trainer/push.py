@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from rlgw.db.engine import make_sync_engine
 from rlgw.settings import Settings
 
-from .errors import BadUpdate, PushError, PushRefused, database_errors
+from .errors import BadUpdate, GatedModel, PushError, PushRefused, database_errors
 from .parity import reference_scores
 from .publish import Publisher, swap_metrics
 from .swap.coordinator import CONTROL_TIMEOUT_S, SwapReport
@@ -39,7 +39,7 @@ def _read(delta: Path | None, full_dir: Path | None) -> tuple[type[FileUpdate], 
     return kind, tensors
 
 
-def _print_reports(reports: list[SwapReport], log: Callable[[str], None]) -> None:
+def print_reports(reports: list[SwapReport], log: Callable[[str], None]) -> None:
     log(
         "\n| backend | outcome | shipped | paused (s) | out of routing (s) | parity diff | reason |"
     )
@@ -64,7 +64,8 @@ def push(
 ) -> list[SwapReport]:
     """Record the weights as the next version and swap every backend to it; the reports of a
     push that at least one backend took. Raises trainer.errors.TrainerError otherwise (one-line
-    messages): BadUpdate, UnknownModel, DatabaseUnavailable, VersionConflict, PushRefused."""
+    messages): BadUpdate, GatedModel, UnknownModel, DatabaseUnavailable, VersionConflict,
+    PushRefused."""
     kind, tensors = _read(delta, full_dir)
     engine = make_sync_engine(database_url)
     try:
@@ -72,6 +73,8 @@ def push(
             database_errors(),
             Publisher(settings, engine, model_name, timeout_s=timeout_s, log=log) as publisher,
         ):
+            if publisher.gated():
+                raise GatedModel(model_name)
             parent, reference = publisher.latest()
             log(f"[push] rebuilt the reference of {model_name} version {parent}")
             expected = {k: tuple(v.shape) for k, v in state_dict(reference).items()}
@@ -89,7 +92,7 @@ def push(
             publisher.note(published.version, swap_metrics(reports))
     finally:
         engine.dispose()
-    _print_reports(reports, log)
+    print_reports(reports, log)
     if not any(r.outcome == "swapped" for r in reports):
         raise PushRefused(model_name, published.version, reports)
     return reports

@@ -8,6 +8,12 @@ recorded version's weights). A crash after it leaves backends behind: the next t
 to the current version with full weights before training. Versions are recorded and pushed by the
 publisher that `rlgw push` uses too (`trainer/publish.py`); a version published by someone else
 while this trainer trained makes its commit a VersionConflict: the sessions go back to the queue.
+
+Governance (docs/governance.md): before each update the trainer carries out the rollbacks asked
+for over the admin API and follows a moved head (a rollback, a rejected candidate) with that
+version's weights and, when kept, its AdamW moments; it claims only sessions whose tenant
+consents; and on a gated model the version it records is a candidate, judged by its gate
+(trainer/gate/) before it serves all traffic, while the trainer waits for the verdict.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from rlgw.db.models import AgentSession, Consumption
+from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
@@ -33,6 +40,7 @@ from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclai
 from .config import TrainerConfig
 from .distributed import init_distributed, is_rank0
 from .errors import VersionConflict, database_errors
+from .gate.governor import Governor
 from .optimizer_state import state_path
 from .parity import reference_scores
 from .policy import Policy
@@ -42,6 +50,7 @@ from .swap.coordinator import SwapReport
 from .swap.hold import GenerationHold, NoHold
 from .tracking import RunLog, rejected_outputs, version_scalars
 from .update import UpdateOutOfMemory
+from .versions import head_version, lineage, materialize
 from .weight_update.files import DeltaFile, FullFile
 from .weights import delta, state_dict
 
@@ -114,6 +123,7 @@ class OnlineTrainer:
         where = f"{self.dist.device}, {config.dtype}, {self.dist.world_size} process(es)"
         self.log(f"[train] {restored}")
         self.log(f"[train] {model_name}: starting from version {self.version} on {where}")
+        self.governor = Governor(settings, self.publisher, log=log)
         self.run_log = RunLog(
             settings.home / "runs" / model_name,
             wandb_project=wandb_project,
@@ -121,7 +131,22 @@ class OnlineTrainer:
             log=log,
         )
         with database_errors():
+            self.governor.recover()  # a candidate whose evaluation was cut off is rejected
             self.sync_backends()
+
+    def _continue_from(self, version: int) -> None:
+        """Train on from `version` (a rollback moved the head, or the gate rejected a candidate):
+        its weights, rebuilt from the version files, and its AdamW moments when they were kept
+        (the state saved before the latest one: a rejected candidate's parent), else fresh ones.
+        The moments of the rejected or rolled-back updates are never carried over."""
+        with self.sessions() as db:
+            reference = materialize(db, self.publisher.model, version)
+        self._tell("reload", version)
+        message = self.policy.reset_to(state_dict(reference), self.optimizer_path, version)
+        self.version = version
+        self.served = {k: v.clone() for k, v in state_dict(self.model).items()}
+        self.log(f"[train] {message}")
+        self.log(f"[train] {self.model_name}: continuing from version {version}")
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -156,6 +181,7 @@ class OnlineTrainer:
                 max_sessions=self.config.batch_sessions,
                 reward_deadline_s=self.settings.group_deadline_s,
                 now=now,
+                consent=self.settings.training_consent,
             )
             if 0 < len(claim.session_ids) < self.config.min_sessions:
                 unclaim(db, claim.session_ids)
@@ -169,8 +195,12 @@ class OnlineTrainer:
             return None
         with self.sessions() as db:
             trajectories = [load_trajectory(db, sid, now) for sid in claim.session_ids]
+            depths = lineage(db, self.publisher.model.id, self.version)
         samples, skips = build_samples(
-            [t for t in trajectories if t], current_version=self.version, config=self.config
+            [t for t in trajectories if t],
+            current_version=self.version,
+            config=self.config,
+            lineage=depths,
         )
         if not samples:  # nothing trainable: the sessions are spent, say why
             with self.sessions() as db, db.begin():
@@ -193,21 +223,32 @@ class OnlineTrainer:
 
     def follow(self) -> bool:
         """Ranks other than 0: take part in the step rank 0 announces; False once it stops."""
-        command, samples = collectives.broadcast_object(None)
+        command, payload = collectives.broadcast_object(None)
         if command == "train":
-            self.policy.update(samples)
+            self.policy.update(payload)
             self.policy.weights()
             self.policy.save_moments(self.optimizer_path, self.version)
+        elif command == "reload":  # rank 0 moved to another version: its weights, its moments
+            self.policy.reset_to(None, self.optimizer_path, payload)
         return command != "stop"
 
     def step(self) -> StepReport | None:
         """Rank 0: one update if enough data is eligible; None otherwise."""
+        if not self.governor.tick():  # rollbacks asked for; a canary still being judged
+            self._tell("idle")
+            return None
+        with self.sessions() as db:
+            head = head_version(db, self.publisher.model.id)
+        if head != self.version:  # a rollback, or a rejected candidate
+            self._continue_from(head)
         t0 = time.perf_counter()
-        claimed = self._claim(datetime.now(UTC))
+        now = datetime.now(UTC)
+        claimed = self._claim(now)
         if not isinstance(claimed, tuple):
             self._tell("idle")
             return claimed
         claim, trajectories, samples, skips = claimed
+        self.governor.baseline(self.version)  # the promoted version's score, while it serves
         with self._update_window() as window:
             self._tell("train", samples)
             before = reference_scores(self.model)
@@ -240,7 +281,11 @@ class OnlineTrainer:
             except VersionConflict:
                 with self.sessions() as db, db.begin():
                     unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
-                raise
+                with self.sessions() as db:
+                    if not rolled_back_since(db, self.model_name, now):
+                        raise
+                self.log("[train] a rollback moved the model meanwhile: this update is dropped")
+                return None
             metrics["bytes"] = published.update.nbytes
             self.policy.save_moments(self.optimizer_path, published.version)
             _maybe_crash("crash-after-commit")
@@ -249,6 +294,12 @@ class OnlineTrainer:
             self.served = {k: v.clone() for k, v in weights.items()}
             window.wake()
             swaps = self.publisher.push(published, self.model, reference_old=before)
+        if published.candidate:  # its gate judges it before it serves all traffic
+            verdict = self.governor.judge(published, self.model, before)
+            swaps += verdict.swaps
+            metrics["gate"] = verdict.outcome
+            if verdict.outcome != "canary" and verdict.head != self.version:  # rejected
+                self._continue_from(verdict.head)
         if window.report is not None:
             metrics["hold_s"] = window.report.held_s
             metrics["hold_drain_s"] = window.report.drain_s
@@ -285,12 +336,15 @@ class OnlineTrainer:
         """The ledger and the consumed sessions, in the transaction that records `version`."""
         now = datetime.now(UTC)
         model_id = self.publisher.model.id
+        sessions = {sid: db.get(AgentSession, sid) for sid in session_ids}
+        tenant = {sid: s.tenant for sid, s in sessions.items()}  # provenance, kept after a purge
         db.add_all(
             Consumption(
                 model_id=model_id,
                 version=version,
                 session_id=s.session_id,
                 completion_id=s.completion_id,
+                tenant=tenant.get(s.session_id),
                 used=True,
                 tokens=len(s.output_ids),
                 advantage=s.advantage,
@@ -303,13 +357,13 @@ class OnlineTrainer:
                 version=version,
                 session_id=s.session_id,
                 completion_id=s.completion_id,
+                tenant=tenant.get(s.session_id),
                 used=False,
                 reason=s.reason,
             )
             for s in skips
         )
-        for sid in session_ids:
-            session = db.get(AgentSession, sid)
+        for session in sessions.values():
             session.status, session.consumed_at = "consumed", now
 
     @staticmethod

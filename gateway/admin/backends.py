@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from rlgw import backend_state
@@ -52,6 +52,10 @@ class VersionPublic(BaseModel):
     weights_path: str | None
     checksum: str | None
     metrics: dict[str, Any]
+    status: str = Field(description="candidate | promoted | rejected | rolled_back")
+    gate_report: dict[str, Any] | None = Field(
+        description="its promotion gate: scores, canary metrics, verdict and reason"
+    )
     created_at: datetime
 
 
@@ -160,6 +164,8 @@ async def list_versions(db: DbDep) -> list[VersionPublic]:
             weights_path=v.weights_path,
             checksum=v.checksum,
             metrics=v.metrics,
+            status=v.status,
+            gate_report=v.gate_report,
             created_at=v.created_at,
         )
         for v, name in rows

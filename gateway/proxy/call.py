@@ -31,6 +31,7 @@ class Call:
     sequence: Any = None  # what the request was conditioned on (lineage)
     choices: dict[int, dict[str, Any]] = field(default_factory=dict)  # wire-format, by index
     swap_doubt: Any = None  # () -> str | None, set once a backend is leased
+    pin: int | None = None  # the session's pinned version: only a backend serving it may answer
 
     @property
     def record(self) -> CompletionRecord:

@@ -18,6 +18,7 @@ from rlgw.db.models import Backend, RegisteredModel
 from rlgw.eligibility import CROSSED_SWAP, NOT_FOLLOWING
 
 from ..errors import APIError
+from .canary import VersionRules, read_rules
 
 log = logging.getLogger("rlgw.routing")
 
@@ -99,6 +100,8 @@ class BackendPool:
     following: bool = False
     _by_id: dict[int, BackendView] = field(default_factory=dict)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    # Which versions may serve which sessions (promotion gates, canaries): gateway/proxy/canary.py
+    versions: VersionRules = field(default_factory=VersionRules)
 
     async def refresh(self) -> None:
         async with self.sessions() as db:
@@ -109,6 +112,8 @@ class BackendPool:
                     )
                 )
             ).all()
+            versions = await read_rules(db)
+        self.versions = versions
         seen = set()
         for backend, model_name in rows:
             seen.add(backend.id)
@@ -152,17 +157,26 @@ class BackendPool:
         async with self._changed:
             self._changed.notify_all()
 
-    def _pick(self, model: str, exclude: Collection[int]) -> BackendView | None:
+    def _pick(
+        self, model: str, exclude: Collection[int], pin: int | None = None
+    ) -> BackendView | None:
         candidates = [
             b
             for b in self._by_id.values()
-            if b.model == model and b.routable and b.id not in exclude
+            if b.model == model
+            and b.routable
+            and b.id not in exclude
+            and self.versions.admits(model, b.served_version, pin)
         ]
         return min(candidates, key=lambda b: (b.in_flight, b.id), default=None)
 
     @contextlib.asynccontextmanager
-    async def lease(self, model: str, exclude: Collection[int] = ()) -> AsyncIterator[Lease]:
-        """Hold one ACTIVE, reachable backend of `model` (not one of `exclude`) for a request.
+    async def lease(
+        self, model: str, exclude: Collection[int] = (), pin: int | None = None
+    ) -> AsyncIterator[Lease]:
+        """Hold one ACTIVE, reachable backend of `model` (not one of `exclude`) for a request;
+        with `pin` (the session's pinned version) one serving exactly that version, without one
+        a backend whose version is promoted (gateway/proxy/canary.py).
 
         When every backend of the model is out of routing (a swap in progress), the request waits
         up to `hold_timeout_s` rather than being sent to a paused server, where vLLM would queue it
@@ -174,9 +188,9 @@ class BackendPool:
             raise APIError(
                 404, f"The model `{model}` does not exist.", code="model_not_found", param="model"
             )
-        view = self._pick(model, exclude)
+        view = self._pick(model, exclude, pin)
         if view is None:
-            view = await self._wait_for_backend(model, exclude)
+            view = await self._wait_for_backend(model, exclude, pin)
         view.in_flight += 1
         try:
             assert view.served_version is not None
@@ -184,11 +198,16 @@ class BackendPool:
         finally:
             view.in_flight -= 1
 
-    async def _wait_for_backend(self, model: str, exclude: Collection[int]) -> BackendView:
+    async def _wait_for_backend(
+        self, model: str, exclude: Collection[int], pin: int | None = None
+    ) -> BackendView:
+        def admitted(b: BackendView) -> bool:
+            return b.model == model and self.versions.admits(model, b.served_version, pin)
+
         async def _ready() -> BackendView:
             async with self._changed:
-                while (view := self._pick(model, exclude)) is None:
-                    if any(b.model == model and b.in_service for b in self._by_id.values()):
+                while (view := self._pick(model, exclude, pin)) is None:
+                    if any(admitted(b) and b.in_service for b in self._by_id.values()):
                         raise _unavailable(f"no backend of `{model}` can be reached; retry later")
                     await self._changed.wait()
                 return view

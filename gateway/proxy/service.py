@@ -17,6 +17,7 @@ from ..recording import lineage
 from ..recording.record import CompletionRecord
 from ..recording.recorder import Recorder
 from .call import Call, fill, now
+from .canary import pin_for
 from .disconnect import ClientGone, unless_client_leaves
 from .fastjson import FastJSONResponse, loads
 from .relay import RecordedStream, Relay
@@ -62,8 +63,12 @@ class ProxyService:
         Each choice is recorded on its own: choice `i` under `sibling_id(record_id, i)`; with
         n > 1 they share `sibling_group` (the record id of choice 0)."""
         record_id = surface.record_prefix + uuid.uuid4().hex
+        pin = None  # the session's pinned version (a canary, a gate evaluation)
         if session_id is not None:
-            await open_session(self._sessions, session_id, tenant)
+            draw = self._pool.versions.draw(surface.model, session_id)
+            pinned = await open_session(self._sessions, session_id, tenant, draw)
+            pin = pin_for(pinned, surface.model)
+            self._pool.versions.check_pin(surface.model, session_id, pin)
         n = surface.choices
         created = now()
         retry_group = (
@@ -89,7 +94,7 @@ class ProxyService:
             )
             for i in range(n)
         ]
-        call = Call(surface=surface, records=records, t0=time.perf_counter())
+        call = Call(surface=surface, records=records, t0=time.perf_counter(), pin=pin)
         call.sequence = lineage.request_sequence(surface.wire, surface.wire_body)
         for rec in records:
             rec.sequence = call.sequence
@@ -211,7 +216,8 @@ class ProxyService:
         while True:
             held = contextlib.AsyncExitStack()
             try:
-                lease = await held.enter_async_context(self._pool.lease(model, exclude=refused))
+                pin = call.pin if call is not None else None
+                lease = await held.enter_async_context(self._pool.lease(model, refused, pin))
             except APIError as exc:
                 if call is not None and exc.code == "backend_unavailable":
                     tried = "".join(f"; backend {i}: {why}" for i, why in refused.items())

@@ -10,21 +10,22 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from ..auth import tenant_sees
 from ..errors import APIError, session_not_found
 from ..ids import SESSION_ID_PATTERN
+from .canary import OPEN_AND_PIN, Draw
 
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 IMPLICIT_PREFIX = "auto-"
 
 # One round trip: create the session if it is new (owned by the caller's tenant), and read its
-# status and tenant either way.
+# status, tenant and pinned version either way.
 _OPEN_OR_CREATE = text(
     """
     WITH created AS (
         INSERT INTO sessions (id, tenant) VALUES (:id, :tenant)
-        ON CONFLICT (id) DO NOTHING RETURNING status, tenant
+        ON CONFLICT (id) DO NOTHING RETURNING status, tenant, pinned_model, pinned_version
     )
-    SELECT status, tenant FROM created
+    SELECT status, tenant, pinned_model, pinned_version FROM created
     UNION ALL
-    SELECT status, tenant FROM sessions WHERE id = :id
+    SELECT status, tenant, pinned_model, pinned_version FROM sessions WHERE id = :id
     LIMIT 1
     """
 )
@@ -42,21 +43,31 @@ def validate_session_id(session_id: str) -> str:
 
 
 async def open_session(
-    sessions: async_sessionmaker, session_id: str, tenant: str | None = None
-) -> None:
+    sessions: async_sessionmaker,
+    session_id: str,
+    tenant: str | None = None,
+    draw: Draw | None = None,
+) -> tuple[str | None, int | None]:
     """Create the named session on first use; refuse if it is no longer open (409). With a
     `tenant` (auth on), another tenant's session is reported missing (404), as if it did not
-    exist; without one (auth off) every session is reachable."""
+    exist; without one (auth off) every session is reachable. A `draw` (a canary's) pins a new
+    session to its version. Returns the session's pin: (model, version), or (None, None)."""
     validate_session_id(session_id)
-    params = {"id": session_id, "tenant": tenant}
+    params = {"id": session_id, "tenant": tenant, **(draw.params() if draw else {})}
     async with sessions() as db, db.begin():
-        row = (await db.execute(_OPEN_OR_CREATE, params)).first()
+        row = (await db.execute(OPEN_AND_PIN if draw else _OPEN_OR_CREATE, params)).first()
     if row is None:  # created by a concurrent request after this statement's snapshot
         async with sessions() as db:
             row = (
-                await db.execute(text("SELECT status, tenant FROM sessions WHERE id = :id"), params)
+                await db.execute(
+                    text(
+                        "SELECT status, tenant, pinned_model, pinned_version FROM sessions "
+                        "WHERE id = :id"
+                    ),
+                    params,
+                )
             ).one()
-    status, owner = row
+    status, owner, pinned_model, pinned_version = row
     if not tenant_sees(tenant, owner):
         raise session_not_found(session_id)
     if status != "open":
@@ -65,6 +76,7 @@ async def open_session(
             f"session {session_id} is {status}: it accepts no more completions",
             code="session_not_open",
         )
+    return pinned_model, pinned_version
 
 
 def implicit_session_id(completion_id: str) -> str:

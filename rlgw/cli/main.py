@@ -6,15 +6,17 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from pydantic import ValidationError
+
 from rlgw.database import SchemaOutOfDate
 from rlgw.db.faults import is_connection_error
 from rlgw.model_dir import ModelDirError
 
-from . import admin, demo, models, serve, train, up
+from . import admin, demo, governance, models, serve, train, up
 from .output import CommandError
 
 Handler = Callable[[argparse.Namespace], int]
-COMMAND_MODULES = (up, demo, serve, models, admin, train)
+COMMAND_MODULES = (up, demo, serve, models, admin, train, governance)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +39,10 @@ def _expected_failure(exc: BaseException) -> tuple[str, int] | None:
         return str(exc), exc.code
     if isinstance(exc, SchemaOutOfDate | ModelDirError):
         return str(exc), 2
+    if isinstance(exc, ValidationError) and exc.title == "Settings":  # an RLGW_* value refused
+        first = exc.errors()[0]
+        where = "_".join(str(part) for part in first["loc"]).upper()
+        return f"invalid setting{' RLGW_' + where if where else 's'}: {first['msg']}", 2
     if is_connection_error(exc):
         cause = getattr(exc, "orig", None) or exc
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__

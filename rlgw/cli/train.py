@@ -99,14 +99,15 @@ def run_under_torchrun(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def trainer_errors() -> Iterator[None]:
     """The trainer's expected failures (trainer/errors.py) as one line: a wrong model name, bad
-    weights or a version that does not exist are usage errors (exit 2), the rest exit 1."""
-    from trainer.errors import BadUpdate, TrainerError, UnknownModel
+    weights, a version that does not exist or a push past a promotion gate are usage errors
+    (exit 2), the rest exit 1."""
+    from trainer.errors import BadUpdate, GatedModel, TrainerError, UnknownModel
     from trainer.export_model import ExportError
 
     try:
         yield
     except TrainerError as exc:
-        code = 2 if isinstance(exc, UnknownModel | BadUpdate | ExportError) else 1
+        code = 2 if isinstance(exc, UnknownModel | BadUpdate | ExportError | GatedModel) else 1
         raise CommandError(str(exc), code=code) from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -117,7 +118,8 @@ def run_up(
 
 def start_trainer(settings: Settings, model: str, placement: Placement) -> subprocess.Popen:
     """`rlgw train --model M` with this placement, in its own process group (pinned from birth
-    when separated), logging under <home>/logs."""
+    when separated), logging under <home>/logs; told where the gateway listens (a promotion gate
+    evaluates new versions through it)."""
     log_path = settings.home / "logs" / "trainer.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     info(f"[rlgw] starting the trainer (log: {log_path})")
@@ -132,6 +134,7 @@ def start_trainer(settings: Settings, model: str, placement: Placement) -> subpr
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env={**os.environ, "RLGW_PUBLIC_URL": settings.base_url},
         )
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -48,7 +49,23 @@ class RegisteredModel(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     path: Mapped[str | None] = mapped_column(Text, comment="base checkpoint directory")
-    current_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    current_version: Mapped[int] = mapped_column(
+        Integer,
+        default=0,
+        server_default="0",
+        comment="the promoted version: what backends serve and the next version is built on",
+    )
+    candidate_version: Mapped[int | None] = mapped_column(
+        Integer,
+        comment="a recorded version under its promotion gate (evaluated or canaried); only "
+        "sessions pinned to it reach the backends that serve it",
+    )
+    canary_share: Mapped[float | None] = mapped_column(
+        Float, comment="while a canary runs: the share of new sessions pinned to the candidate"
+    )
+    canary_started_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), comment="sessions created since may be pinned to the candidate"
+    )
     created_at: Mapped[datetime] = _now()
 
 
@@ -99,6 +116,16 @@ class PolicyVersion(Base):
     weights_path: Mapped[str | None] = mapped_column(Text)
     checksum: Mapped[str | None] = mapped_column(String(128))
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    status: Mapped[str] = mapped_column(
+        String(16),
+        default="promoted",
+        server_default="promoted",
+        comment="candidate|promoted|rejected|rolled_back: only a promoted version serves "
+        "sessions that are not pinned to it",
+    )
+    gate_report: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONB, comment="its promotion gate: evaluation scores, canary metrics, verdict and reason"
+    )
     created_at: Mapped[datetime] = _now()
 
 
@@ -129,7 +156,11 @@ class AgentSession(Base):
     """One agent episode: the completions it made and the rewards it earned."""
 
     __tablename__ = "sessions"
-    __table_args__ = (Index(None, "status", "closed_at"), Index(None, "created_at"))
+    __table_args__ = (
+        Index(None, "status", "closed_at"),
+        Index(None, "created_at"),
+        Index(None, "tenant"),
+    )
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     group_id: Mapped[str | None] = mapped_column(
@@ -168,6 +199,14 @@ class AgentSession(Base):
         comment="none|mean|mean_std: how the rewards of sibling choices (n > 1) are normalized "
         "within their sibling group; null: mean_std",
     )
+    pinned_model: Mapped[str | None] = mapped_column(
+        String(128), comment="the model of pinned_version"
+    )
+    pinned_version: Mapped[int | None] = mapped_column(
+        Integer,
+        comment="a canary or a gate evaluation pinned it to this version of pinned_model: every "
+        "completion of it comes from that version",
+    )
 
 
 class Completion(Base):
@@ -179,6 +218,12 @@ class Completion(Base):
         Index(None, "retry_group"),
         Index(None, "created_at"),
         Index(None, "sibling_group"),
+        # The retention sweep's path: old completions whose text is still kept.
+        Index(
+            "ix_completions_text_kept",
+            "created_at",
+            postgresql_where=text("text_dropped_at IS NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -235,6 +280,10 @@ class Completion(Base):
     )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    text_dropped_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="retention dropped its request and response bodies then; the tokens stay",
+    )
 
 
 class Consumption(Base):
@@ -244,13 +293,24 @@ class Consumption(Base):
     __table_args__ = (
         UniqueConstraint("model_id", "session_id", "completion_id"),
         Index(None, "model_id", "version"),
+        Index(None, "tenant"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     version: Mapped[int] = mapped_column(Integer, comment="the version this update produced")
-    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
-    completion_id: Mapped[str] = mapped_column(ForeignKey("completions.id", ondelete="CASCADE"))
+    # Provenance outlives the data: a purge or retention deletes the session and its
+    # completions, and the ledger row stays with its tenant, tokens and version.
+    session_id: Mapped[str | None] = mapped_column(
+        ForeignKey("sessions.id", ondelete="SET NULL"), comment="null: the session was deleted"
+    )
+    completion_id: Mapped[str | None] = mapped_column(
+        ForeignKey("completions.id", ondelete="SET NULL"),
+        comment="null: the completion was deleted",
+    )
+    tenant: Mapped[str | None] = mapped_column(
+        String(64), comment="tenant of the consumed session (provenance; kept after a purge)"
+    )
     used: Mapped[bool] = mapped_column(Boolean, comment="false: skipped, see reason")
     reason: Mapped[str | None] = mapped_column(Text)
     tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -302,3 +362,97 @@ class AgentKey(Base):
     )
     created_at: Mapped[datetime] = _now()
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class PromotionGate(Base):
+    """What a new version of a model must pass before it serves all traffic (docs/governance.md)."""
+
+    __tablename__ = "gates"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    eval_name: Mapped[str] = mapped_column(Text, comment="the evaluation file or built-in task")
+    eval_digest: Mapped[str] = mapped_column(
+        String(64), comment="sha256 of eval_items: scores are compared only within one digest"
+    )
+    eval_items: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONB, comment="the held-out prompts: messages, target, scorer, max_tokens"
+    )
+    min_score: Mapped[float | None] = mapped_column(
+        Float, comment="pass: the candidate's mean score is at least this"
+    )
+    max_drop: Mapped[float | None] = mapped_column(
+        Float, comment="pass: the candidate scores at most this below the promoted version"
+    )
+    canary: Mapped[str | None] = mapped_column(
+        String(16), comment="backend|sessions: after the evaluation, serve a share of traffic"
+    )
+    canary_percent: Mapped[float | None] = mapped_column(
+        Float, comment="sessions canary: the percentage of new sessions pinned to the candidate"
+    )
+    canary_sessions: Mapped[int] = mapped_column(
+        Integer,
+        default=20,
+        server_default="20",
+        comment="rewarded sessions needed on each side before the canary is judged",
+    )
+    canary_max_drop: Mapped[float] = mapped_column(
+        Float,
+        default=0.0,
+        server_default="0",
+        comment="pass: the canary sessions' mean reward is at most this below the promoted ones'",
+    )
+    canary_timeout_s: Mapped[float] = mapped_column(
+        Float,
+        default=3600.0,
+        server_default="3600",
+        comment="a canary without enough rewarded sessions by then is rolled back",
+    )
+    set_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = _now()
+
+
+class TrainingPolicy(Base):
+    """Which models a tenant's traffic may train (without a row: RLGW_TRAINING_CONSENT)."""
+
+    __tablename__ = "training_policies"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    all_models: Mapped[bool] = mapped_column(
+        Boolean, comment="true: every model; false: only those listed in models"
+    )
+    models: Mapped[list[str]] = mapped_column(
+        ARRAY(Text), default=list, server_default="{}", comment="model names (empty: none)"
+    )
+    updated_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[datetime] = _now()
+
+
+class AuditEvent(Base):
+    """Who changed what may change a model, when and why: gates, verdicts, rollbacks, training
+    policies, purges. A rollback asked for over the API waits here (`state` pending) until the
+    model's trainer carries it out."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index(None, "model", "action", "state"), Index(None, "tenant"))
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    at: Mapped[datetime] = _now()
+    actor: Mapped[str] = mapped_column(
+        String(128), comment="the OS user of a command, or admin-api (and who it said it was)"
+    )
+    action: Mapped[str] = mapped_column(
+        String(32),
+        comment="gate_set|gate_clear|promoted|rejected|rollback|training_policy|purge|retention",
+    )
+    model: Mapped[str | None] = mapped_column(String(128))
+    tenant: Mapped[str | None] = mapped_column(String(64))
+    from_version: Mapped[int | None] = mapped_column(Integer)
+    to_version: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    state: Mapped[str | None] = mapped_column(
+        String(16), comment="rollbacks: pending|running|done|failed; null for the other actions"
+    )
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

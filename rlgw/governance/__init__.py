@@ -1,0 +1,1 @@
+"""Governance of what may change a model: consent, audit, rollbacks, purge and retention."""
