@@ -49,6 +49,31 @@ def exactness(result: RunResult) -> dict:
     return {"checked": checked, "mismatches": mismatches, "examples": examples}
 
 
+def rejections(rows: dict) -> dict[str, int]:
+    """Every training completion that was not trained on, under one reason: a retry orphan, an
+    incomplete answer, a crossed swap, another ineligibility, else the trainer's skip reason
+    (stale, pending siblings, ...), else not consumed (unrewarded, dropped, or the run ended)."""
+    skipped = {c["completion_id"]: c["reason"] for c in rows["consumption"] if not c["used"]}
+    used = {c["completion_id"] for c in rows["consumption"] if c["used"]}
+    kinds: Counter = Counter()
+    for c in rows["completions"]:
+        if not c["train"] or c["id"] in used:
+            continue
+        if c["orphan"]:
+            kinds["retry_orphan"] += 1
+        elif c["status"] != "complete":
+            kinds["incomplete"] += 1
+        elif any("swap" in r for r in c["reasons"]):
+            kinds["crossed_swap"] += 1
+        elif c["reasons"]:
+            kinds["not_eligible"] += 1
+        elif c["id"] in skipped:
+            kinds[rejection_kind(skipped[c["id"]])] += 1
+        else:
+            kinds["not_consumed"] += 1
+    return dict(sorted(kinds.items()))
+
+
 def run_figures(result: RunResult) -> dict:
     rows, spec = result.rows, result.spec
     minutes = (result.ended_wall - result.started_wall) / 60
@@ -56,14 +81,7 @@ def run_figures(result: RunResult) -> dict:
     trained = sum(c["tokens"] for c in rows["consumption"] if c["used"])
     versions = [v for v in rows["versions"] if v["version"] > 0]
     metric = lambda key: [float(v["metrics"].get(key, 0.0)) for v in versions]  # noqa: E731
-    rejected = Counter(rejection_kind(c["reason"]) for c in rows["consumption"] if not c["used"])
-    for c in window:
-        if c["orphan"]:
-            rejected["retry_orphan"] += 1
-        elif c["status"] != "complete":
-            rejected["incomplete"] += 1
-        elif any("swap" in r for r in c["reasons"]):
-            rejected["crossed_swap"] += 1
+    rejected = rejections(rows)
     recovery = None
     if result.kill_wall is not None:
         after = [v["created_at"] for v in versions if v["created_at"] > result.kill_wall]
@@ -80,12 +98,17 @@ def run_figures(result: RunResult) -> dict:
         "generated_tokens_per_min": round(sum(c["output_tokens"] for c in window) / minutes, 1),
         "peak_rss_mb": result.peak_rss_mb,
         "train_s": round(sum(metric("train_s")), 1),
-        "weight_sync_s": round(
-            sum(s - t for s, t in zip(metric("step_s"), metric("train_s"), strict=True)), 1
+        "weight_sync_s": round(  # whole step minus training, where the step finished
+            sum(
+                v["metrics"]["step_s"] - v["metrics"].get("train_s", 0.0)
+                for v in versions
+                if "step_s" in v["metrics"]
+            ),
+            1,
         ),
         "generation_paused_s": round(sum(metric("hold_s")) + sum(metric("pause_s")), 1),
         "sleep_wake_offload_s": 0.0,  # the CPU build's /sleep is a no-op; nothing is offloaded
-        "rejected": dict(sorted(rejected.items())),
+        "rejected": rejected,
         "dropped_sessions": rows["dropped_sessions"],
         "faults_injected": dict(result.ledger.faults),
         "failed_requests": len([f for f in result.ledger.failed if "late reward" not in f]),
