@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -33,7 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.processes import log  # noqa: E402
-from bench.trainer_step_data import fresh_database, register, seed_sessions  # noqa: E402
+from bench.trainer_step_data import (  # noqa: E402
+    drop_database,
+    fresh_database,
+    register,
+    seed_sessions,
+)
 from bench.trainer_throughput import raw_step  # noqa: E402
 from rlgw.db.engine import make_sync_engine  # noqa: E402
 from rlgw.settings import Settings  # noqa: E402
@@ -74,7 +80,8 @@ def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> di
     """Warm-up step, then `--steps` whole steps, each followed by a raw step on its tokens."""
     path = model_dir(args.preset)
     home = RESULTS / f"trainer-step-home-{dtype}-{'swap' if backend_url else 'noswap'}"
-    url = fresh_database(args.pg, f"rlgw_bench_step_{dtype}")
+    database = f"rlgw_bench_step_{dtype}_{os.getpid()}"
+    url = fresh_database(args.pg, database)
     settings = Settings(home=home, database_url=url)
     engine = make_sync_engine(url)
     register(engine, MODEL_NAME, path, backend_url)
@@ -123,6 +130,7 @@ def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> di
             log(f"{dtype} {'swap' if backend_url else 'no swap'} step {step}: {steps[-1]}")
     trainer.close()
     engine.dispose()
+    drop_database(args.pg, database)
     tokens = args.sessions * args.tokens
     mean = lambda key: sum(s[key] for s in steps) / len(steps)  # noqa: E731
     return {

@@ -35,6 +35,11 @@ def fresh_database(pg: str, name: str) -> str:
     return url
 
 
+def drop_database(pg: str, name: str) -> None:
+    with psycopg.connect(f"{pg}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def register(engine: Engine, model: str, path: Path, backend_url: str | None) -> None:
     """The model (and its one backend, serving version 0) as `POST /register_model` stores it."""
     with Session(engine) as db, db.begin():
