@@ -63,6 +63,11 @@ from trainer.parity import ProbeScores, served_scores
 from trainer.vllm_control import VllmControl
 
 
+class WeightsUnknown(RuntimeError):
+    """An update failed part-way and could not be undone: the backend serves neither the old
+    weights nor the new ones (it must stay out of routing until weights are pushed again)."""
+
+
 @dataclass(frozen=True)
 class Staged:
     """What a backend reported for a staged update."""
@@ -90,6 +95,12 @@ class WeightUpdate(ABC):
     @abstractmethod
     def apply(self, backend: VllmControl) -> Any:
         """Inside the pause: serve the staged weights; returns the backend's report."""
+
+    def unusable_on(self, backend: VllmControl) -> str | None:
+        """Why this update cannot go to `backend` (the plan then gives it its files instead);
+        None when it can. Only an update that depends on how the backend was started (vLLM's
+        native weight transfer) says anything here."""
+        return None
 
     def served_name(self, model_name: str, version: int | None) -> str:
         """The model name a backend serves `version` under after this update."""
