@@ -54,10 +54,14 @@ class Published:
 
 def swap_metrics(reports: list[SwapReport]) -> dict[str, Any]:
     """What a version's row keeps of its swaps."""
-    return {
+    metrics: dict[str, Any] = {
         "pause_s": max((r.paused_s for r in reports), default=0.0),
         "swaps": {str(r.backend_id): r.outcome for r in reports},
     }
+    fallbacks = {str(r.backend_id): r.fallback for r in reports if r.fallback}
+    if fallbacks:  # RLGW_WEIGHT_TRANSFER asked for a native transfer these backends did not take
+        metrics["transfer_fallbacks"] = fallbacks
+    return metrics
 
 
 class Publisher:

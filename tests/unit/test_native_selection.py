@@ -8,7 +8,8 @@ import torch
 from rlgw.ports import free_port
 from rlgw.settings import Settings
 from trainer.parity import ProbeScores
-from trainer.swap.coordinator import SwapPlan
+from trainer.publish import swap_metrics
+from trainer.swap.coordinator import SwapPlan, SwapReport
 from trainer.vllm_control import VllmControl
 from trainer.weight_update.files import DeltaFile, FullFile
 from trainer.weight_update.native_offer import native_offer
@@ -101,3 +102,13 @@ def test_the_native_transfer_is_never_the_default():
     assert native_offer("files", checkpoint=None, host=None, timeout_s=5) is None
     offer = native_offer("ipc", checkpoint=None, host=None, timeout_s=5)
     assert isinstance(offer.update({"w": torch.zeros(1)}, None), IpcTransfer)
+
+
+def test_a_version_keeps_why_backends_did_not_take_the_native_transfer():
+    reports = [
+        SwapReport(1, LOCAL, outcome="swapped", fallback="nccl not used: the backend runs on cpu"),
+        SwapReport(2, REMOTE, outcome="swapped"),
+    ]
+    metrics = swap_metrics(reports)
+    assert metrics["transfer_fallbacks"] == {"1": "nccl not used: the backend runs on cpu"}
+    assert "transfer_fallbacks" not in swap_metrics(reports[1:])

@@ -61,8 +61,9 @@ class TransferLinks:
 
     # ------------------------------------------------------------------ selection
     def server(self, backend: VllmControl) -> ServerInfo:
-        """What the backend says about itself (asked once per link)."""
-        if backend.url not in self._servers:
+        """What the backend says about itself: asked again until a link to it is open (a
+        backend restarted with other flags is judged as it is now), then kept with the link."""
+        if backend.url not in self._links or backend.url not in self._servers:
             self._servers[backend.url] = probe(backend)
         return self._servers[backend.url]
 
