@@ -17,13 +17,18 @@ from typing import Any
 import pytest
 import torch
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from sqlalchemy import create_engine, text
 from starlette.testclient import TestClient
 from vllm.distributed.weight_transfer.base import TrainerWeightTransferEngine
 from vllm.entrypoints.rl.online.api_router import router as vllm_rl_router
 
+from rlgw.db.migrate import upgrade
+from trainer.parity import ProbeScores
+from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
 from trainer.vllm_control import ControlError, VllmControl
 from trainer.weight_update.base import WeightsUnknown
+from trainer.weight_update.files import FullFile
 from trainer.weight_update.nccl import NcclTransfer
 from trainer.weight_update.packing import metadata, update_info
 from trainer.weight_update.sync_client import ControlSyncClient
@@ -62,6 +67,20 @@ class RecordingEngine:
     async def shutdown_weight_transfer_engine(self) -> None:
         self._record("shutdown")
 
+    # what a swap around the transfer uses: pause, resume and the weight label
+    async def pause_generation(self, mode, clear_cache) -> None:
+        self._record("pause", mode)
+
+    async def resume_generation(self) -> None:
+        self._record("resume")
+
+    async def update_weight_version(self, new_version: str) -> None:
+        self._record("label", new_version)
+
+    async def get_weight_version(self) -> str:
+        labels = [payload for phase, payload in self.calls if phase == "label"]
+        return labels[-1] if labels else "0"
+
 
 def gpu_server_info() -> dict:
     return {
@@ -88,6 +107,15 @@ def backend(server: RecordingEngine) -> VllmControl:
     @app.get("/server_info")
     def server_info() -> JSONResponse:
         return JSONResponse(gpu_server_info())
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:  # an idle server: the drain ends at once
+        return PlainTextResponse("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+
+    @app.post("/reset_prefix_cache")
+    def reset_prefix_cache() -> JSONResponse:
+        server.calls.append(("reset_prefix_cache", None))
+        return JSONResponse({})
 
     client = TestClient(app, raise_server_exceptions=False)
     return VllmControl(client, "http://testserver")
@@ -291,3 +319,50 @@ def test_a_rollback_whose_round_breaks_is_a_control_error(backend, server):
     server.fail = "update"
     with pytest.raises(ControlError, match="parent weights could not be sent again"):
         update.rollback(backend)
+
+
+# ----------------------------------------------------------------------------- in a swap
+
+
+class TakenHere(NcclTransfer):
+    """Selected although this trainer has no GPU (the selection is tested on its own): what a
+    swap does around a native transfer that breaks."""
+
+    def unusable_on(self, backend: VllmControl) -> str | None:
+        return None
+
+
+def test_a_transfer_broken_inside_the_pause_leaves_the_backend_failed(
+    make_database, backend, server
+):
+    url = make_database()
+    upgrade(url)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO models (id, name) VALUES (1, 'tiny')"))
+        conn.execute(
+            text(
+                "INSERT INTO backends (model_id, url, state, served_version) "
+                "VALUES (1, :u, 'active', 0)"
+            ),
+            {"u": backend.url},
+        )
+    new = weights(1)
+    scores = ProbeScores((-1.0,), 0, -1.0)
+    transfer = TakenHere(links_with_stand_in([]), new, expected=shapes(new))
+    plan = SwapPlan("tiny", 1, 0, 1, FullFile("/never/read"), scores, scores, preferred=transfer)
+    server.fail = "update"
+    coordinator = SwapCoordinator(
+        engine, drain_timeout_s=5, parity_tolerance=1e-4, http=backend.http
+    )
+    (report,) = coordinator.push(plan)
+    with engine.connect() as conn:
+        state, reason = conn.execute(text("SELECT state, state_reason FROM backends")).one()
+    engine.dispose()
+
+    assert report.kind == "nccl" and report.fallback is None
+    assert report.outcome == "failed" and "WeightsUnknown" in report.reason
+    assert state == "failed" and "weights unknown" in reason
+    assert phases(server)[:5] == ["init", "pause", "start", "update", "label"]
+    assert server.calls[-1] == ("label", failed_label(1))  # an admin resume refuses it
+    assert "resume" not in phases(server)  # it stays paused: its weights are neither version
