@@ -155,7 +155,7 @@ class SwapCoordinator:
         self.log(
             f"[swap] backend {backend.id} {backend.url}: {report.outcome}"
             + (f" ({report.reason})" if report.reason else "")
-            + (f" [{report.kind}; {report.fallback}]" if report.fallback else "")
+            + (f" [shipped {report.kind}: {report.fallback}]" if report.fallback else "")
             + "  "
             + "  ".join(f"{k} {v:.3f}s" for k, v in report.steps.items())
         )
@@ -180,8 +180,6 @@ class SwapCoordinator:
             )
             return
         report.kind = update.kind
-        if report.fallback:
-            self.log(f"[swap] backend {backend.id} {backend.url}: {report.fallback}")
         # The stage (read, validate, prepare the new weights aside) holds vLLM's engine loop, so
         # requests sent meanwhile wait. When another backend of the model serves, this one leaves
         # routing first and nobody waits; a lone backend stages while in routing (a wait beats a
@@ -250,7 +248,6 @@ class SwapCoordinator:
             if update is not plan.preferred or files is None:
                 raise
             report.fallback = f"{update.kind} not used: its stage was refused: {exc}"
-            self.log(f"[swap] backend {backend.id} {backend.url}: {report.fallback}")
             report.kind = files.kind
             return files, self._step(report, "stage", files.stage, vllm)
 

@@ -117,6 +117,8 @@ class TransferLinks:
             raise WeightsUnknown(
                 f"{self.method} transfer failed after /{phase}_weight_update: {exc}"
             ) from exc
+        finally:
+            link.source.tensors = {}  # the GPU copy is the update's to keep or free, not the link's
 
     def drop(self, url: str) -> None:
         """Forget the link to `url` (its group is unusable after a failed round)."""
