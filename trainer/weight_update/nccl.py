@@ -101,7 +101,7 @@ class NativeTransfer(WeightUpdate):
         problems = validate_update(self.weights, "full", self.expected)
         if problems:
             raise ControlError("; ".join(problems[:5]))
-        link = self.links.link(backend)
+        link = self.links.link(backend)  # vLLM: WeightTransferTrainerFactory.trainer_init
         meta = metadata(self.wire("new", link.server.dtype))
         return Staged(
             sum(m.nbytes for m in meta),
@@ -116,6 +116,8 @@ class NativeTransfer(WeightUpdate):
 
     def apply(self, backend: VllmControl) -> None:
         link = self.links.link(backend)
+        # vLLM: NCCLTrainerWeightTransferEngine.send_weights (nccl_engine.py), or
+        # IPCTrainerWeightTransferEngine.send_weights (ipc_engine.py): start, update, finish
         self.links.send(link, self.wire("new", link.server.dtype))
 
     def commit(self, backend: VllmControl) -> None:
