@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.weight_transfer_check import transfer_check  # noqa: E402
 from rlgw.ports import free_port  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.byte_model import ModelShape  # noqa: E402
@@ -361,9 +362,25 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         took[run.size.name] = max(took.get(run.size.name, 0.0), seconds)
         log(summary_line(results[-1], seconds))
-    report |= {"total_s": time.perf_counter() - started, "results": results, "skipped": skipped}
+    log("weight transfer: pack, broadcast over a one-process group, unpack")
+    transfer = weight_transfer(device, "quick" if args.quick else "0.5b")
+    report |= {
+        "total_s": time.perf_counter() - started,
+        "results": results,
+        "skipped": skipped,
+        "weight_transfer": transfer,
+    }
     emit(report)
-    return 1 if any("error" in r for r in results) else 0
+    failed = any("error" in r for r in results) or not transfer.get("bitwise_equal")
+    return 1 if failed else 0
+
+
+def weight_transfer(device: torch.device, size: str) -> dict:
+    """The trainer's half of NcclTransfer (bench/weight_transfer_check.py), or its error."""
+    try:
+        return transfer_check(device, size)
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON like a failed configuration
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def environment(device: torch.device) -> dict:

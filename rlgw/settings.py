@@ -165,6 +165,21 @@ class Settings(BaseSettings):
         description="Largest |served - reference| probe log-prob accepted after a swap "
         "(1e-4 suits fp32 serving; bf16 needs a looser bound).",
     )
+    weight_transfer: Literal["files", "nccl", "ipc"] = Field(
+        default="files",
+        description="How a new version's weights reach its backends. files (the default): "
+        "safetensors read by the worker extension. nccl / ipc: EXPERIMENTAL, never run against "
+        "a real GPU vLLM server: vLLM's native weight-transfer engine streams full weights "
+        "(in the served dtype) to each backend that runs on CUDA and was started with "
+        '--weight-transfer-config \'{"backend": "nccl"}\' (or ipc), from a trainer with '
+        "CUDA; every other backend gets the files, with the reason in the swap report.",
+    )
+    weight_transfer_host: str | None = Field(
+        default=None,
+        description="This trainer's address that the backends' workers connect to for the "
+        "NCCL rendezvous (a TCPStore on a free port). Default: 127.0.0.1, so only backends on "
+        "this host can take the NCCL transfer.",
+    )
     backend_hold_s: float = Field(
         default=30.0,
         gt=0,

@@ -41,6 +41,7 @@ def test_gpu_check_runs_every_configuration_on_the_cpu(tmp_path: Path) -> None:
         report
     )
     assert report["skipped"] == []
+    assert report["weight_transfer"]["bitwise_equal"] is True  # NcclTransfer's packing, on gloo
     results = {r["name"]: r for r in report["results"]}
     assert set(results) == {
         "tiny/full/bfloat16", "tiny/lora8/bfloat16", "tiny/lora64/bfloat16",
@@ -65,3 +66,26 @@ def test_max_seconds_skips_what_would_not_fit_and_says_so(tmp_path: Path) -> Non
     _, report = gpu_check(tmp_path, "--max-seconds", "0")
     assert report["results"] == [] and len(report["skipped"]) == 7
     assert all("--max-seconds 0" in s["reason"] for s in report["skipped"])
+
+
+def test_the_weight_transfer_check_packs_broadcasts_and_unpacks_bit_for_bit() -> None:
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "weight_transfer_check.py"),
+            "--device",
+            "cpu",
+            "--quick",
+            "--buffer-bytes",
+            "40000",
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout)
+    assert report["backend"] == "gloo" and report["bitwise_equal"] is True
+    assert report["buckets"] > 1  # 40 kB buckets: the tiny model's 230 kB are cut
+    assert report["bytes"] > 0 and report["tensors"] > 0

@@ -17,6 +17,7 @@ one, never on a candidate.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,9 @@ from .errors import UnknownModel, VersionConflict
 from .parity import ProbeScores, reference_scores
 from .swap.coordinator import CONTROL_TIMEOUT_S, SwapCoordinator, SwapPlan, SwapReport
 from .versions import file_sha256, head_version, latest_version, materialize, version_file
+from .weight_update.base import WeightUpdate
 from .weight_update.files import FileUpdate, FullFile
+from .weight_update.native_offer import native_offer
 from .weights import state_dict
 
 
@@ -51,10 +54,14 @@ class Published:
 
 def swap_metrics(reports: list[SwapReport]) -> dict[str, Any]:
     """What a version's row keeps of its swaps."""
-    return {
+    metrics: dict[str, Any] = {
         "pause_s": max((r.paused_s for r in reports), default=0.0),
         "swaps": {str(r.backend_id): r.outcome for r in reports},
     }
+    fallbacks = {str(r.backend_id): r.fallback for r in reports if r.fallback}
+    if fallbacks:  # RLGW_WEIGHT_TRANSFER asked for a native transfer these backends did not take
+        metrics["transfer_fallbacks"] = fallbacks
+    return metrics
 
 
 class Publisher:
@@ -83,9 +90,18 @@ class Publisher:
             http=httpx.Client(timeout=timeout_s),
             log=log,
         )
+        # vLLM's native weight transfer, offered only when RLGW_WEIGHT_TRANSFER asks for it
+        self.native = native_offer(
+            settings.weight_transfer,
+            checkpoint=model.path,
+            host=settings.weight_transfer_host,
+            timeout_s=timeout_s,
+        )
         self.log = log
 
     def close(self) -> None:
+        if self.native is not None:
+            self.native.close()
         self.coordinator.http.close()
 
     def __enter__(self) -> Publisher:
@@ -183,6 +199,7 @@ class Publisher:
             reference_new=reference_scores(model),
             reference_old=reference_old,
             fallback=fallback,
+            preferred=self._native(model, published.parent),
         )
         if backends is None and published.candidate:
             backends = self.gate_backend(published.parent)
@@ -210,8 +227,23 @@ class Publisher:
             new_version=version,
             update=self._full(version, model),
             reference_new=reference_scores(model),
+            preferred=self._native(model, None),
         )
         return [self.coordinator.swap_backend(b, plan) for b in behind]
+
+    def _native(self, model: torch.nn.Module, parent: int | None) -> WeightUpdate | None:
+        """vLLM's native transfer of `model`'s weights, when offered (experimental); a
+        rollback re-sends `parent`'s weights, rebuilt from the version files only then."""
+        if self.native is None:
+            return None
+        load_parent = None
+        if parent is not None:
+            load_parent = functools.cache(lambda: state_dict(self._reference(parent)))
+        return self.native.update(state_dict(model), load_parent)
+
+    def _reference(self, version: int) -> torch.nn.Module:
+        with self.sessions() as db:
+            return materialize(db, self.model, version)
 
     def _behind(self, version: int) -> list:
         """Backends serving another version than `version`, but for a candidate being judged."""

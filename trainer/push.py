@@ -48,7 +48,9 @@ def print_reports(reports: list[SwapReport], log: Callable[[str], None]) -> None
         diff = "" if r.parity_diff is None else f"{r.parity_diff:.2e}"
         log(
             f"| {r.backend_id} {r.url} | {r.outcome} | {r.kind or ''} | {r.paused_s:.3f} | "
-            f"{r.out_of_routing_s:.3f} | {diff} | {r.reason or ''} |"
+            f"{r.out_of_routing_s:.3f} | {diff} | "
+            + "; ".join(x for x in (r.reason, r.fallback) if x)
+            + " |"
         )
 
 

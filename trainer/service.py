@@ -307,7 +307,11 @@ class OnlineTrainer:
         metrics["step_s"] = time.perf_counter() - t0
         self.publisher.note(
             published.version,
-            {k: metrics[k] for k in ("pause_s", "step_s", "swaps", "hold_s") if k in metrics},
+            {
+                k: metrics[k]
+                for k in ("pause_s", "step_s", "swaps", "hold_s", "transfer_fallbacks")
+                if k in metrics
+            },
         )
         self.run_log.write(
             published.version,

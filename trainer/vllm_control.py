@@ -22,6 +22,10 @@ class VllmControl:
             raise ControlError(f"POST {path}: HTTP {reply.status_code} {reply.text[:300]}")
         return reply
 
+    def post_json(self, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        """POST a JSON body (or none) to a control route; ControlError unless it answers 200."""
+        return self._post(path, json=body)
+
     def pause(self, mode: str) -> None:
         """mode 'wait' lets running requests finish; 'abort' ends them (never 'keep': a kept
         request would resume on the new weights under the old label)."""

@@ -31,7 +31,7 @@ from rlgw.db.models import Backend
 from rlgw.registry import version_label
 from trainer.parity import ProbeScores
 from trainer.vllm_control import ControlError, VllmControl
-from trainer.weight_update.base import WeightUpdate
+from trainer.weight_update.base import Staged, WeightsUnknown, WeightUpdate
 
 ADVISORY_LOCK_NAMESPACE = 7_262_001  # pg_advisory_lock(namespace, backend id): one swap at a time
 CONTROL_TIMEOUT_S = 120.0  # longest wait for one control call: a stage is refused after it
@@ -49,16 +49,35 @@ class SwapPlan:
     reference_new: ProbeScores
     reference_old: ProbeScores | None = None  # for verifying a rollback
     fallback: WeightUpdate | None = None  # full weights, for backends not at parent_version
+    # Tried first on every backend, where it says it can go (vLLM's native weight transfer);
+    # the others get `update_for`. Installs the version from any version, like a fallback.
+    preferred: WeightUpdate | None = None
 
     def __post_init__(self) -> None:
-        if self.fallback is not None and self.fallback.relative:
-            raise ValueError("a plan's fallback must install the version from any version")
+        for extra in (self.fallback, self.preferred):
+            if extra is not None and extra.relative:
+                raise ValueError(
+                    "a plan's fallback and preferred updates must install the version from any "
+                    "version"
+                )
 
     def update_for(self, served_version: int | None) -> WeightUpdate | None:
         """The update for a backend serving `served_version`; None when none applies."""
         if not self.update.relative or served_version == self.parent_version:
             return self.update
         return self.fallback
+
+    def choose(
+        self, backend: VllmControl, served_version: int | None
+    ) -> tuple[WeightUpdate | None, str | None]:
+        """The update for this backend, and why the preferred one was passed over (None when
+        it was taken, or there is none)."""
+        if self.preferred is None:
+            return self.update_for(served_version), None
+        reason = self.preferred.unusable_on(backend)
+        if reason is None:
+            return self.preferred, None
+        return self.update_for(served_version), f"{self.preferred.kind} not used: {reason}"
 
 
 @dataclass
@@ -68,6 +87,7 @@ class SwapReport:
     outcome: str = "failed"  # swapped | rolled_back | refused | failed | skipped
     reason: str | None = None
     kind: str | None = None  # what was shipped: the update's kind
+    fallback: str | None = None  # why the plan's preferred update was not the one shipped
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
     paused_s: float = 0.0  # vLLM paused
     out_of_routing_s: float = 0.0  # from leaving routing (drain, or stage) to active
@@ -135,6 +155,7 @@ class SwapCoordinator:
         self.log(
             f"[swap] backend {backend.id} {backend.url}: {report.outcome}"
             + (f" ({report.reason})" if report.reason else "")
+            + (f" [shipped {report.kind}: {report.fallback}]" if report.fallback else "")
             + "  "
             + "  ".join(f"{k} {v:.3f}s" for k, v in report.steps.items())
         )
@@ -149,7 +170,8 @@ class SwapCoordinator:
 
     def _swap_locked(self, backend: Backend, plan: SwapPlan, report: SwapReport) -> None:
         vllm = VllmControl(self.http, backend.url)
-        update = plan.update_for(backend.served_version)  # e.g. an anchor sync instead of a delta
+        # e.g. an anchor sync instead of a delta; files where the native transfer cannot go
+        update, report.fallback = plan.choose(vllm, backend.served_version)
         if update is None:
             report.outcome = "skipped"
             report.reason = (
@@ -168,7 +190,7 @@ class SwapCoordinator:
             self.set_state(backend.id, bs.DRAINING, f"staging version {plan.new_version}")
         try:
             mono_stage = time.monotonic()
-            staged = self._step(report, "stage", update.stage, vllm)
+            update, staged = self._stage(vllm, update, backend, plan, report)
             report.stage_window = (mono_stage, time.monotonic())
         except (ControlError, httpx.HTTPError) as exc:
             report.outcome, report.reason = "refused", f"update refused: {exc}"
@@ -197,7 +219,7 @@ class SwapCoordinator:
             if not exc.leave_paused:
                 with contextlib.suppress(ControlError, httpx.HTTPError):
                     vllm.resume()
-        except (ControlError, httpx.HTTPError) as exc:  # weights in an unknown state
+        except (ControlError, httpx.HTTPError, WeightsUnknown) as exc:  # weights unknown
             report.outcome, report.reason = "failed", f"{type(exc).__name__}: {exc}"
             self.set_state(
                 backend.id,
@@ -208,6 +230,26 @@ class SwapCoordinator:
         finally:
             report.out_of_routing_s = time.perf_counter() - t_out
             report.out_of_routing = (mono_out, time.monotonic())
+
+    def _stage(
+        self,
+        vllm: VllmControl,
+        update: WeightUpdate,
+        backend: Backend,
+        plan: SwapPlan,
+        report: SwapReport,
+    ) -> tuple[WeightUpdate, Staged]:
+        """Stage `update`; when the plan's preferred update is refused (a stage touches
+        nothing), stage the backend's files instead and say why."""
+        try:
+            return update, self._step(report, "stage", update.stage, vllm)
+        except (ControlError, httpx.HTTPError) as exc:
+            files = plan.update_for(backend.served_version)
+            if update is not plan.preferred or files is None:
+                raise
+            report.fallback = f"{update.kind} not used: its stage was refused: {exc}"
+            report.kind = files.kind
+            return files, self._step(report, "stage", files.stage, vllm)
 
     def _another_serves(self, backend: Backend) -> bool:
         """True when another backend of the same model is in routing now."""

@@ -20,6 +20,7 @@ string compared in the coordinator.
 
 Errors: `ControlError` means the backend answered no and says where its weights are: from stage,
 nothing changed; from apply, it put the old weights back itself; from rollback, it could not.
+`WeightsUnknown` (from apply) means the update broke part-way and nothing was put back.
 Any transport error (`httpx.HTTPError`) from stage is a refusal too (stage touches nothing);
 from apply, commit or rollback it leaves the weights unknown, and the backend `failed`.
 
@@ -42,15 +43,18 @@ by the project's worker extension). The next ones fit without touching the coord
   files, never the admin key), check its sha256 against `policy_versions.checksum` before reading
   a tensor, then prepare it as `rlgw_stage` does; `nbytes` is the download. Apply, commit and
   rollback are the file ones, and the network time stays outside the pause.
-- **vLLM's native weight-transfer engine** (`NcclTransfer(group, weights)`, kind "nccl", GPUs
-  only; `--weight-transfer-config '{"backend": "nccl"}'`, trainer side
-  `vllm.distributed.weight_transfer`). `/init_weight_transfer_engine` once per backend joins the
-  trainer to the group. vLLM writes into the served parameters as the tensors arrive, so there is
-  nothing to prepare aside: `stage` checks names, shapes and dtypes against the checkpoint and
-  gathers the tensors to send; `apply` is `/start_weight_update`, `/update_weights` while the
-  trainer broadcasts, `/finish_weight_update` (the transfer is the pause). vLLM keeps no copy of
-  the old weights: `rollback` sends the parent weights again (the trainer holds them), or raises
-  `ControlError` so that the backend stays out of routing; `commit` frees the trainer's copy.
+- **vLLM's native weight-transfer engine**, implemented, EXPERIMENTAL (never run against a GPU
+  vLLM server): `nccl.py` (`NcclTransfer`, `IpcTransfer`, kind "nccl"/"ipc", full weights, not
+  relative; server flag `--weight-transfer-config '{"backend": "nccl"}'`, trainer side
+  `vllm.distributed.weight_transfer`). It is a plan's `preferred` update, offered only with
+  RLGW_WEIGHT_TRANSFER=nccl|ipc; `unusable_on(backend)` says why a backend cannot take it (a
+  probe of its `/server_info`), and that backend gets the plan's files instead. The rendezvous
+  (`/init_weight_transfer_engine`, once per backend) and the checks are in `stage`; `apply` is
+  one round (`/start_weight_update`, `/update_weights` while the trainer broadcasts,
+  `/finish_weight_update`: the transfer is the pause, and a round broken after its start raises
+  `WeightsUnknown`: the backend goes `failed`); vLLM keeps no copy of the old weights, so
+  `rollback` sends the parent's weights again, or raises `ControlError` without them.
+  docs/deployment.md has the flags and what is tested.
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ from typing import Any, ClassVar
 
 from trainer.parity import ProbeScores, served_scores
 from trainer.vllm_control import VllmControl
+
+
+class WeightsUnknown(RuntimeError):
+    """An update failed part-way and could not be undone: the backend serves neither the old
+    weights nor the new ones (it must stay out of routing until weights are pushed again)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,12 @@ class WeightUpdate(ABC):
     @abstractmethod
     def apply(self, backend: VllmControl) -> Any:
         """Inside the pause: serve the staged weights; returns the backend's report."""
+
+    def unusable_on(self, backend: VllmControl) -> str | None:
+        """Why this update cannot go to `backend` (the plan then gives it its files instead);
+        None when it can. Only an update that depends on how the backend was started (vLLM's
+        native weight transfer) says anything here."""
+        return None
 
     def served_name(self, model_name: str, version: int | None) -> str:
         """The model name a backend serves `version` under after this update."""
