@@ -19,6 +19,7 @@ from ..recording.recorder import Recorder
 from .call import Call, fill, now
 from .canary import pin_for
 from .disconnect import ClientGone, unless_client_leaves
+from .echo import echo_for, echoes, restore, the_prompt
 from .fastjson import FastJSONResponse, loads
 from .relay import RecordedStream, Relay
 from .routing import BackendPool, Lease
@@ -102,6 +103,10 @@ class ProxyService:
         if n > 1:
             headers["X-Completion-Ids"] = ",".join(r.id for r in records)
         try:
+            if echoes(surface.wire, surface.wire_body):
+                refused = await self._prepare_echo(call, headers)
+                if refused is not None:
+                    return refused
             if surface.stream:
                 return await self._stream(call, headers)
             return await self._complete(call, headers, receive)
@@ -132,6 +137,41 @@ class ProxyService:
             return int(reply.json()["count"])
         except (ValueError, KeyError, TypeError):
             raise APIError(502, "the backend sent an invalid reply", code="backend_error") from None
+
+    async def _prepare_echo(self, call: Call, headers: dict[str, str]) -> Response | None:
+        """Learn the prompt text an echoing request's choices start with (gateway/proxy/echo.py):
+        a text prompt as sent, token ids decoded by the backend. The backend's refusal (a token id
+        outside its vocabulary, ...) is relayed and recorded like a refused generation."""
+        surface = call.surface
+        prompt = the_prompt(surface.wire_body)
+        if isinstance(prompt, str):
+            call.echo = echo_for(surface.wire_body, prompt)
+            return None
+        body = {"model": surface.model, "tokens": prompt}
+        try:
+            held, reply = await self._send(
+                surface.model, lambda lease: self._http.post(lease.url + "/detokenize", json=body)
+            )
+        except httpx.HTTPError as exc:
+            await self._record_failure(call, f"backend unreachable: {exc!r}")
+            raise APIError(502, "the backend could not be reached", code="backend_error") from exc
+        await held.aclose()
+        if reply.status_code != 200:
+            await self._record_failure(
+                call, f"backend answered {reply.status_code} to /detokenize: {reply.text[:500]}"
+            )
+            return call.surface.relay_error(reply.status_code, reply.content, headers)
+        try:
+            text = reply.json()["prompt"]
+            if not isinstance(text, str):
+                raise TypeError("not a string")
+        except (ValueError, KeyError, TypeError):
+            await self._record_failure(
+                call, f"backend sent an invalid /detokenize reply: {reply.text[:200]!r}"
+            )
+            raise APIError(502, "the backend sent an invalid reply", code="backend_error") from None
+        call.echo = echo_for(surface.wire_body, text)
+        return None
 
     async def _complete(self, call: Call, headers: dict[str, str], receive: Any) -> Response:
         surface = call.surface
@@ -166,7 +206,12 @@ class ProxyService:
         call.choices = choices_by_index(payload)
         tokens = extract_choices(surface.wire, payload)
         for index, rec in enumerate(call.records):
-            fill(rec, tokens.get(index))
+            fill(rec, tokens.get(index), call.echo)
+        if call.echo is not None:
+            # Lineage continues the output alone; the client gets (and the record keeps) the echo.
+            call.choices = {i: dict(c) for i, c in call.choices.items()}
+            for choice in choices_by_index(payload).values():
+                restore(choice, call.echo)
         client_payload, stored = surface.reply(payload, call.record.id)
         for index, rec in enumerate(call.records):
             rec.response = stored[index] if index < len(stored) else None

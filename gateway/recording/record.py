@@ -52,6 +52,7 @@ class CompletionRecord:
     session_status: str | None = None
     swap_doubt: str | None = None
     lease_epoch: int | None = None
+    echo_only: bool = False  # a text completion with `echo` and `max_tokens` 0 (ECHO_ONLY)
     # What row() decided, with the orphan reason (for the metrics of recorded completions).
     verdict: list[str] = field(default_factory=list)
 
@@ -65,6 +66,7 @@ class CompletionRecord:
             output_logprobs=self.output_logprobs,
             session_status=self.session_status,
             swap_doubt=self.swap_doubt,
+            echo_only=self.echo_only,
         )
         self.verdict = [*reasons, *([self.orphan_reason] if self.orphan_reason else [])]
         return {
