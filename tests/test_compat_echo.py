@@ -188,3 +188,14 @@ def test_max_tokens_zero_without_echo_is_refused_as_vllm_refuses_it(http, vllm):
     theirs = vllm.post("/v1/completions", json=body)
     assert 400 <= ours.status_code < 500 and ours.status_code == theirs.status_code, ours.text
     assert ours.json()["error"]["message"] == theirs.json()["error"]["message"]
+
+
+def test_an_out_of_vocabulary_token_id_is_refused_as_vllm_refuses_it_and_recorded(
+    http, vllm, admin_http
+):
+    body = {"model": MODEL_NAME, "prompt": [10**7], **LM_EVAL}
+    ours, theirs = http.post("/v1/completions", json=body), vllm.post("/v1/completions", json=body)
+    assert 400 <= ours.status_code < 500 and ours.status_code == theirs.status_code, ours.text
+    assert ours.json()["error"]["message"] == theirs.json()["error"]["message"]
+    record = fetch_record(admin_http, ours.headers["X-Completion-Id"])
+    assert record["status"] == "error" and "out of vocabulary" in record["status_reason"]
