@@ -55,11 +55,13 @@ class ProxyService:
         receive: Any = None,
         *,
         tenant: str | None = None,
+        key_id: str | None = None,
     ):
         """Serve one generation request. `receive` is the ASGI receive channel, watched for the
         client hanging up while a non-streamed answer is being generated. With a `tenant`, a
         named session must be that tenant's (or new, and then it becomes that tenant's); a new
-        implicit session is that tenant's too.
+        implicit session is that tenant's too. A new session, named or implicit, remembers the
+        agent key `key_id` it was opened with (its training consent).
 
         Each choice is recorded on its own: choice `i` under `sibling_id(record_id, i)`; with
         n > 1 they share `sibling_group` (the record id of choice 0)."""
@@ -67,7 +69,7 @@ class ProxyService:
         pin = None  # the session's pinned version (a canary, a gate evaluation)
         if session_id is not None:
             draw = self._pool.versions.draw(surface.model, session_id)
-            pinned = await open_session(self._sessions, session_id, tenant, draw)
+            pinned = await open_session(self._sessions, session_id, tenant, draw, key_id)
             pin = pin_for(pinned, surface.model)
             self._pool.versions.check_pin(surface.model, session_id, pin)
         n = surface.choices
@@ -83,6 +85,7 @@ class ProxyService:
                 session_id=session_id or implicit_session_id(record_id),
                 implicit_session=session_id is None,
                 tenant=tenant,
+                agent_key_id=key_id,
                 api=surface.api,
                 model=surface.model,
                 stream=surface.stream,

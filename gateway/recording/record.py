@@ -23,6 +23,7 @@ class CompletionRecord:
     request: dict[str, Any]
     created_at: datetime
     tenant: str | None = None  # of an implicit session (a named session already has its own)
+    agent_key_id: str | None = None  # the agent key of an implicit session (its consent)
     backend_id: int | None = None
     policy_version: int | None = None
     prompt_token_ids: list[int] | None = None
