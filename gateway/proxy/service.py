@@ -151,10 +151,14 @@ class ProxyService:
             call.echo = echo_for(surface.wire_body, prompt)
             return None
         body = {"model": surface.model, "tokens": prompt}
+
+        def detokenize(lease: Lease) -> Awaitable[httpx.Response]:
+            return self._http.post(lease.url + "/detokenize", json=body)
+
         try:
-            held, reply = await self._send(
-                surface.model, lambda lease: self._http.post(lease.url + "/detokenize", json=body)
-            )
+            # With the call: no backend left is recorded as for the generation (which leases
+            # again and stamps the record with the backend that answers it).
+            held, reply = await self._send(surface.model, detokenize, call)
         except httpx.HTTPError as exc:
             await self._record_failure(call, f"backend unreachable: {exc!r}")
             raise APIError(502, "the backend could not be reached", code="backend_error") from exc
