@@ -106,11 +106,6 @@ class KeyPolicy:
     models: KeyModels  # "inherit": the tenant's; "none"; or the only models it may train
     effective: Models  # what the key's sessions may train: the tenant's consent, narrowed
 
-    def allows(self, model: str) -> bool:
-        return self.effective == ALL or (
-            isinstance(self.effective, list) and model in self.effective
-        )
-
 
 def narrowed(tenant: Policy, key: list[str] | None) -> Models:
     """What a key's sessions may train: its tenant's consent, narrowed by the key's list (None:
@@ -145,7 +140,7 @@ def put_key(db: Session, key: AgentKey, models: KeyModels, actor: str, consent: 
         "key_training_policy",
         actor=actor,
         tenant=key.tenant,
-        detail={"agent_key": key.id, "models": models if listed is None or not listed else listed},
+        detail={"agent_key": key.id, "models": listed or models},
     )
     db.flush()
     return key_effective(db, key, consent)
