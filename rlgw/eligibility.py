@@ -2,7 +2,8 @@
 
 The reasons come from four kinds of fact (docs/architecture.md, "Evidence, retries and rewards"):
 - its evidence: a normal finish, a known served version, the prompt's token ids, and one finite
-  log-prob per output token (not vLLM's -9999 placeholder);
+  log-prob per output token (not vLLM's -9999 placeholder); a text completion with `echo` and
+  `max_tokens` 0 has only its prompt scored (ECHO_ONLY);
 - its session: closed (or further) before the completion was recorded;
 - weight swaps: the request crossed a swap of its backend, or finished while the gateway could
   not follow the registry (settled against the registry when its record is written);
@@ -37,6 +38,9 @@ NOT_FOLLOWING = (
 )
 SWAP_DOUBTS = (CROSSED_SWAP, NOT_FOLLOWING)
 DOUBTFUL_COMMIT = "the database failed during its commit and the client was told the call failed"
+# A text completion with `echo` and `max_tokens` 0: the prompt was scored, nothing was generated
+# for the client (vLLM's one hidden sampled token has no log-prob in the reply and is not kept).
+ECHO_ONLY = "echo with max_tokens 0: only the prompt was scored, no output tokens"
 
 
 def session_reason(status: str) -> str:
@@ -55,6 +59,7 @@ def ineligible_reasons(
     session_status: str | None = None,
     swap_doubt: str | None = None,
     doubtful_commit: bool = False,
+    echo_only: bool = False,
 ) -> list[str]:
     """Every reason training must not use a completion; empty when it may.
 
@@ -62,6 +67,8 @@ def ineligible_reasons(
     session's status when the record was linked into it (None for an implicit session, born with
     its completion). `swap_doubt`: None, CROSSED_SWAP, or NOT_FOLLOWING while not yet settled.
     `doubtful_commit`: the caller was told the call failed although the row may have been stored.
+    `echo_only`: a text completion with `echo` and `max_tokens` 0 (ECHO_ONLY in place of "no
+    output tokens").
     """
     reasons = []
     if status != "complete":
@@ -72,7 +79,9 @@ def ineligible_reasons(
         reasons.append("served policy version unknown")
     if not prompt_token_ids:
         reasons.append("prompt token ids missing")
-    if not output_token_ids:
+    if echo_only:
+        reasons.append(ECHO_ONLY)
+    elif not output_token_ids:
         reasons.append("no output tokens")
     reasons += _logprob_reasons(output_token_ids or (), output_logprobs)
     if session_status is not None and session_status != "open":

@@ -88,13 +88,6 @@ def test_oversized_body_gets_413(http):
     assert_envelope(reply, 413)
 
 
-def test_echo_is_refused_rather_than_recorded_wrongly(http):
-    reply = http.post(
-        "/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", "echo": True, "max_tokens": 2}
-    )
-    assert_envelope(reply, 400)
-
-
 @pytest.mark.parametrize("prompt", [[58118975328190], [-1], [[2**31]]], ids=str)
 def test_token_ids_outside_int32_are_refused_before_the_backend(http, prompt):
     """Ids no vocabulary has and no record can hold: a 400, never a 500 while recording."""

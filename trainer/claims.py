@@ -26,7 +26,7 @@ INSTANCE_LOCK_NAMESPACE = 7_262_002
 _FOR_MODEL = """
     EXISTS (SELECT 1 FROM completions c WHERE c.session_id = s.id AND c.model = :model)
 """
-_CONSENTED = consented_sql("s.tenant")
+_CONSENTED = consented_sql("s")
 _HAS_COUNTING_REWARD = """
     EXISTS (SELECT 1 FROM rewards r LEFT JOIN completions rc ON rc.id = r.completion_id
             WHERE r.session_id = s.id AND (rc.id IS NULL OR rc.orphan_reason IS NULL))
@@ -104,7 +104,7 @@ def _claim_groups(
                 AgentSession.group_id == group.id,
                 AgentSession.status == "closed",
                 AgentSession.train.is_(True),
-                text(consented_sql("sessions.tenant")),
+                text(consented_sql("sessions")),
             )
             .with_for_update(),
             params,

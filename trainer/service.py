@@ -342,6 +342,7 @@ class OnlineTrainer:
         model_id = self.publisher.model.id
         sessions = {sid: db.get(AgentSession, sid) for sid in session_ids}
         tenant = {sid: s.tenant for sid, s in sessions.items()}  # provenance, kept after a purge
+        key = {sid: s.agent_key_id for sid, s in sessions.items()}
         db.add_all(
             Consumption(
                 model_id=model_id,
@@ -349,6 +350,7 @@ class OnlineTrainer:
                 session_id=s.session_id,
                 completion_id=s.completion_id,
                 tenant=tenant.get(s.session_id),
+                agent_key_id=key.get(s.session_id),
                 used=True,
                 tokens=len(s.output_ids),
                 advantage=s.advantage,
@@ -362,6 +364,7 @@ class OnlineTrainer:
                 session_id=s.session_id,
                 completion_id=s.completion_id,
                 tenant=tenant.get(s.session_id),
+                agent_key_id=key.get(s.session_id),
                 used=False,
                 reason=s.reason,
             )

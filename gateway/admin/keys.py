@@ -1,18 +1,23 @@
-"""Admin routes for agent keys: mint (the key is shown once), list (never a secret), revoke."""
+"""Admin routes for agent keys: mint (the key is shown once), list (never a secret), revoke, and
+the key's training consent (it may narrow its tenant's, never widen it)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
+from sqlalchemy import select
 
 from rlgw import agent_keys
-from rlgw.db.models import AgentKey
+from rlgw.db.models import AgentKey, RegisteredModel
+from rlgw.governance import audit, consent
 
+from ..auth import client_address
 from ..deps import AdminDep, ContextDep, DbDep
 from ..errors import APIError
+from .register import MODEL_NAME_PATTERN
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 
@@ -80,3 +85,63 @@ async def revoke_agent_key(key_id: KeyId, db: DbDep, ctx: ContextDep) -> AgentKe
         public = AgentKeyPublic.of(row)
     ctx.auth.forget(key_id)
     return public
+
+
+class KeyPolicyPublic(BaseModel):
+    key_id: str
+    tenant: str
+    models: Literal["inherit", "none"] | list[str] = Field(
+        description="The key's own setting: inherit its tenant's consent, none, or at most these."
+    )
+    effective: Literal["all", "none"] | list[str] = Field(
+        description="What the key's sessions may train: the tenant's consent, narrowed by the key."
+    )
+
+
+class KeyPolicyUpdate(BaseModel):
+    models: Literal["inherit", "none"] | list[Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]] = (
+        Field(
+            description="inherit (the tenant's consent), none, or the registered models the "
+            "key's sessions may train at most (never more than the tenant's consent)."
+        )
+    )
+    actor: str | None = Field(default=None, max_length=64, pattern=r"^[^\x00-\x1f\x7f]*$")
+
+
+def _key_or_404(db, key_id: str) -> AgentKey:
+    row = db.get(AgentKey, key_id)
+    if row is None:
+        raise APIError(404, f"no agent key {key_id}", code="agent_key_not_found")
+    return row
+
+
+@router.get("/agent_keys/{key_id}/training-policy", response_model=KeyPolicyPublic)
+async def read_key_policy(key_id: KeyId, db: DbDep, ctx: ContextDep) -> KeyPolicyPublic:
+    default = ctx.settings.training_consent
+    policy = await db.run_sync(lambda s: consent.key_effective(s, _key_or_404(s, key_id), default))
+    return KeyPolicyPublic(**vars(policy))
+
+
+@router.put("/agent_keys/{key_id}/training-policy", response_model=KeyPolicyPublic)
+async def set_key_policy(
+    key_id: KeyId, body: KeyPolicyUpdate, request: Request, db: DbDep, ctx: ContextDep
+) -> KeyPolicyPublic:
+    """Narrow what the key's sessions may train (or inherit the tenant's consent again); applies
+    to every session of the key not consumed yet (the trainer checks it when it claims)."""
+    actor = audit.api_actor(body.actor, client_address(request))
+    default = ctx.settings.training_consent
+    async with db.begin():
+        if isinstance(body.models, list):
+            known = set(await db.scalars(select(RegisteredModel.name)))
+            unknown = sorted(set(body.models) - known)
+            if unknown:
+                raise APIError(
+                    400,
+                    f"no model named {', '.join(unknown)}",
+                    code="model_not_found",
+                    param="models",
+                )
+        policy = await db.run_sync(
+            lambda s: consent.put_key(s, _key_or_404(s, key_id), body.models, actor, default)
+        )
+    return KeyPolicyPublic(**vars(policy))

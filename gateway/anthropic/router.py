@@ -30,7 +30,12 @@ async def _messages(
     check_token_cap({"max_tokens": body.max_tokens}, ctx.settings.max_tokens_cap)
     surface = MessagesSurface(await raw_body(request))
     return await ctx.proxy.generate(
-        surface, session_id, idempotency_key, request.receive, tenant=caller.tenant
+        surface,
+        session_id,
+        idempotency_key,
+        request.receive,
+        tenant=caller.tenant,
+        key_id=caller.key_id,
     )
 
 

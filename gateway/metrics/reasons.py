@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, NOT_FOLLOWING
+from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, ECHO_ONLY, NOT_FOLLOWING
 
 # (pattern at the start of the reason, kind), tried in order.
 _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -18,6 +18,7 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"finish_reason ", "finish"),
         (r"served policy version unknown", "version"),
         (r"prompt token ids missing|no output tokens", "tokens"),
+        (re.escape(ECHO_ONLY), "echo_only"),
         (r"\d+ log-probs for |log-prob |placeholder log-prob ", "logprobs"),
         (r"session was ", "session_closed"),
         (re.escape(CROSSED_SWAP), "crossed_swap"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 # A token id as the backend and the record hold it (int32): larger ids are refused here, not
 # left to overflow the recorder.
@@ -64,16 +64,28 @@ class ChatCompletionRequest(GenerationRequest):
 class CompletionRequest(GenerationRequest):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool | None = None
+    echo: bool | None = Field(
+        default=None,
+        description="Each choice starts with the prompt's text and (with `logprobs`) its "
+        "log-probs, as vLLM serves it; the record keeps prompt and output tokens apart "
+        "(docs/compatibility.md).",
+    )
+    max_tokens: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        description="At most RLGW_MAX_TOKENS_CAP (400 above). 0 only with `echo` (vLLM: score "
+        "the prompt, generate nothing).",
+    )
+    truncate_prompt_tokens: int | None = None
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool | None) -> bool | None:
-        if echo:
+    @model_validator(mode="after")
+    def _echo_of_the_whole_prompt(self) -> CompletionRequest:
+        if self.echo and self.truncate_prompt_tokens is not None:
             raise ValueError(
-                "echo=true is not supported: the recorded output would mix prompt tokens"
+                "echo with truncate_prompt_tokens is not supported by this gateway: "
+                "send the prompt already truncated"
             )
-        return echo
+        return self
 
     @field_validator("prompt")
     @classmethod

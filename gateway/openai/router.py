@@ -51,6 +51,7 @@ async def _generate(
         idempotency_key,
         request.receive,
         tenant=caller.tenant,
+        key_id=caller.key_id,
     )
 
 

@@ -36,6 +36,7 @@ class StreamAssembly:
     prompt_token_ids: list[int] | None = None
     usage: dict[str, Any] | None = None
     first: dict[str, Any] | None = None
+    echo_text: str = ""  # an echoing text completion's prompt, before each choice's text
 
     def choice(self, index: int) -> ChoiceAssembly:
         if index not in self.choices:
@@ -111,6 +112,8 @@ class StreamAssembly:
         choices = []
         for i in indexes:
             choice = self.choice_view(i)
+            if self.echo_text:
+                choice["text"] = self.echo_text + choice["text"]
             choice["completion_id"] = sibling_id(record_id, i)
             choices.append(choice)
         out = {

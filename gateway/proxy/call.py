@@ -9,6 +9,7 @@ from typing import Any
 
 from ..recording import lineage
 from ..recording.record import CompletionRecord
+from .echo import Echo, output_only
 from .shaping import Extracted
 from .surface import Surface
 
@@ -32,6 +33,7 @@ class Call:
     choices: dict[int, dict[str, Any]] = field(default_factory=dict)  # wire-format, by index
     swap_doubt: Any = None  # () -> str | None, set once a backend is leased
     pin: int | None = None  # the session's pinned version: only a backend serving it may answer
+    echo: Echo | None = None  # a text completion with `echo` (gateway/proxy/echo.py)
 
     @property
     def record(self) -> CompletionRecord:
@@ -65,8 +67,11 @@ class Call:
         return self.records
 
 
-def fill(rec: CompletionRecord, tokens: Extracted | None) -> None:
+def fill(rec: CompletionRecord, tokens: Extracted | None, echo: Echo | None = None) -> None:
     if tokens is None:
         return
+    if echo is not None:  # the echoed prompt's log-probs are not the output's
+        tokens = output_only(tokens, echo)
+        rec.echo_only = not echo.generates
     rec.prompt_token_ids, rec.finish_reason = tokens.prompt_token_ids, tokens.finish_reason
     rec.output_token_ids, rec.output_logprobs = tokens.output_token_ids, tokens.output_logprobs

@@ -37,8 +37,8 @@ _READ = text(
 OPEN_AND_PIN = text(
     """
     WITH created AS (
-        INSERT INTO sessions (id, tenant, pinned_model, pinned_version)
-        VALUES (:id, :tenant, :pin_model, :pin_version)
+        INSERT INTO sessions (id, tenant, agent_key_id, pinned_model, pinned_version)
+        VALUES (:id, :tenant, :agent_key_id, :pin_model, :pin_version)
         ON CONFLICT (id) DO NOTHING RETURNING status, tenant, pinned_model, pinned_version
     ), pinned AS (
         UPDATE sessions SET pinned_model = :pin_model, pinned_version = :pin_version

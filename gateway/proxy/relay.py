@@ -16,6 +16,7 @@ from ..errors import APIError
 from ..recording.recorder import Recorder
 from .assembly import StreamAssembly
 from .call import Call, fill, ms_since
+from .echo import EchoStream
 from .fastjson import loads
 from .sse import sse_lines
 
@@ -53,6 +54,7 @@ class Relay:
         self.call, self.upstream, self.held, self.recorder = call, upstream, held, recorder
         self.started = False
         self.released = False
+        self.echo = EchoStream(call.echo) if call.echo is not None else None
 
     async def _release(self) -> None:
         if not self.released:
@@ -90,6 +92,8 @@ class Relay:
             for r in call.records:
                 r.ttft_ms = ttft
         self.assembly.add(chunk)
+        if self.echo is not None:  # after the assembly: lineage continues the output alone
+            self.echo.chunk(chunk)
         out.extend(self.shaper.chunk(chunk))
         return None
 
@@ -97,7 +101,8 @@ class Relay:
         """Relay chunks as they come; end the stream only after the records are committed."""
         self.started = True
         call = self.call
-        assembly = self.assembly = StreamAssembly(call.surface.wire)
+        echo_text = call.echo.text if call.echo is not None else ""
+        assembly = self.assembly = StreamAssembly(call.surface.wire, echo_text=echo_text)
         shaper = self.shaper = call.surface.shaper(assembly, call.record.id)
         outcome: tuple[str, str | None] = ("incomplete", "client disconnected before the end")
         out: list[bytes] = []  # events not sent yet
@@ -120,7 +125,7 @@ class Relay:
             await self._release()
             for index, r in enumerate(call.records):
                 if index in assembly.choices:
-                    fill(r, assembly.choices[index].tokens)
+                    fill(r, assembly.choices[index].tokens, call.echo)
                     call.choices[index] = assembly.choice_view(index)
                     r.response = shaper.record_response(index)
                 elif r.prompt_token_ids is None:

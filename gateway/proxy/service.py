@@ -19,6 +19,7 @@ from ..recording.recorder import Recorder
 from .call import Call, fill, now
 from .canary import pin_for
 from .disconnect import ClientGone, unless_client_leaves
+from .echo import echo_for, echoes, restore, the_prompt
 from .fastjson import FastJSONResponse, loads
 from .relay import RecordedStream, Relay
 from .routing import BackendPool, Lease
@@ -54,11 +55,13 @@ class ProxyService:
         receive: Any = None,
         *,
         tenant: str | None = None,
+        key_id: str | None = None,
     ):
         """Serve one generation request. `receive` is the ASGI receive channel, watched for the
         client hanging up while a non-streamed answer is being generated. With a `tenant`, a
         named session must be that tenant's (or new, and then it becomes that tenant's); a new
-        implicit session is that tenant's too.
+        implicit session is that tenant's too. A new session, named or implicit, remembers the
+        agent key `key_id` it was opened with (its training consent).
 
         Each choice is recorded on its own: choice `i` under `sibling_id(record_id, i)`; with
         n > 1 they share `sibling_group` (the record id of choice 0)."""
@@ -66,7 +69,7 @@ class ProxyService:
         pin = None  # the session's pinned version (a canary, a gate evaluation)
         if session_id is not None:
             draw = self._pool.versions.draw(surface.model, session_id)
-            pinned = await open_session(self._sessions, session_id, tenant, draw)
+            pinned = await open_session(self._sessions, session_id, tenant, draw, key_id)
             pin = pin_for(pinned, surface.model)
             self._pool.versions.check_pin(surface.model, session_id, pin)
         n = surface.choices
@@ -82,6 +85,7 @@ class ProxyService:
                 session_id=session_id or implicit_session_id(record_id),
                 implicit_session=session_id is None,
                 tenant=tenant,
+                agent_key_id=key_id,
                 api=surface.api,
                 model=surface.model,
                 stream=surface.stream,
@@ -102,6 +106,10 @@ class ProxyService:
         if n > 1:
             headers["X-Completion-Ids"] = ",".join(r.id for r in records)
         try:
+            if echoes(surface.wire, surface.wire_body):
+                refused = await self._prepare_echo(call, headers)
+                if refused is not None:
+                    return refused
             if surface.stream:
                 return await self._stream(call, headers)
             return await self._complete(call, headers, receive)
@@ -132,6 +140,45 @@ class ProxyService:
             return int(reply.json()["count"])
         except (ValueError, KeyError, TypeError):
             raise APIError(502, "the backend sent an invalid reply", code="backend_error") from None
+
+    async def _prepare_echo(self, call: Call, headers: dict[str, str]) -> Response | None:
+        """Learn the prompt text an echoing request's choices start with (gateway/proxy/echo.py):
+        a text prompt as sent, token ids decoded by the backend. The backend's refusal (a token id
+        outside its vocabulary, ...) is relayed and recorded like a refused generation."""
+        surface = call.surface
+        prompt = the_prompt(surface.wire_body)
+        if isinstance(prompt, str):
+            call.echo = echo_for(surface.wire_body, prompt)
+            return None
+        body = {"model": surface.model, "tokens": prompt}
+
+        def detokenize(lease: Lease) -> Awaitable[httpx.Response]:
+            return self._http.post(lease.url + "/detokenize", json=body)
+
+        try:
+            # With the call: no backend left is recorded as for the generation (which leases
+            # again and stamps the record with the backend that answers it).
+            held, reply = await self._send(surface.model, detokenize, call)
+        except httpx.HTTPError as exc:
+            await self._record_failure(call, f"backend unreachable: {exc!r}")
+            raise APIError(502, "the backend could not be reached", code="backend_error") from exc
+        await held.aclose()
+        if reply.status_code != 200:
+            await self._record_failure(
+                call, f"backend answered {reply.status_code} to /detokenize: {reply.text[:500]}"
+            )
+            return call.surface.relay_error(reply.status_code, reply.content, headers)
+        try:
+            text = reply.json()["prompt"]
+            if not isinstance(text, str):
+                raise TypeError("not a string")
+        except (ValueError, KeyError, TypeError):
+            await self._record_failure(
+                call, f"backend sent an invalid /detokenize reply: {reply.text[:200]!r}"
+            )
+            raise APIError(502, "the backend sent an invalid reply", code="backend_error") from None
+        call.echo = echo_for(surface.wire_body, text)
+        return None
 
     async def _complete(self, call: Call, headers: dict[str, str], receive: Any) -> Response:
         surface = call.surface
@@ -166,7 +213,12 @@ class ProxyService:
         call.choices = choices_by_index(payload)
         tokens = extract_choices(surface.wire, payload)
         for index, rec in enumerate(call.records):
-            fill(rec, tokens.get(index))
+            fill(rec, tokens.get(index), call.echo)
+        if call.echo is not None:
+            # Lineage continues the output alone; the client gets (and the record keeps) the echo.
+            call.choices = {i: dict(c) for i, c in call.choices.items()}
+            for choice in choices_by_index(payload).values():
+                restore(choice, call.echo)
         client_payload, stored = surface.reply(payload, call.record.id)
         for index, rec in enumerate(call.records):
             rec.response = stored[index] if index < len(stored) else None

@@ -15,12 +15,12 @@ from .canary import OPEN_AND_PIN, Draw
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 IMPLICIT_PREFIX = "auto-"
 
-# One round trip: create the session if it is new (owned by the caller's tenant), and read its
-# status, tenant and pinned version either way.
+# One round trip: create the session if it is new (owned by the caller's tenant, opened with the
+# caller's agent key), and read its status, tenant and pinned version either way.
 _OPEN_OR_CREATE = text(
     """
     WITH created AS (
-        INSERT INTO sessions (id, tenant) VALUES (:id, :tenant)
+        INSERT INTO sessions (id, tenant, agent_key_id) VALUES (:id, :tenant, :agent_key_id)
         ON CONFLICT (id) DO NOTHING RETURNING status, tenant, pinned_model, pinned_version
     )
     SELECT status, tenant, pinned_model, pinned_version FROM created
@@ -47,13 +47,20 @@ async def open_session(
     session_id: str,
     tenant: str | None = None,
     draw: Draw | None = None,
+    key_id: str | None = None,
 ) -> tuple[str | None, int | None]:
     """Create the named session on first use; refuse if it is no longer open (409). With a
     `tenant` (auth on), another tenant's session is reported missing (404), as if it did not
-    exist; without one (auth off) every session is reachable. A `draw` (a canary's) pins a new
+    exist; without one (auth off) every session is reachable. A new session remembers the agent
+    key `key_id` it was opened with (its training consent). A `draw` (a canary's) pins a new
     session to its version. Returns the session's pin: (model, version), or (None, None)."""
     validate_session_id(session_id)
-    params = {"id": session_id, "tenant": tenant, **(draw.params() if draw else {})}
+    params = {
+        "id": session_id,
+        "tenant": tenant,
+        "agent_key_id": key_id,
+        **(draw.params() if draw else {}),
+    }
     async with sessions() as db, db.begin():
         row = (await db.execute(OPEN_AND_PIN if draw else _OPEN_OR_CREATE, params)).first()
     if row is None:  # created by a concurrent request after this statement's snapshot

@@ -23,6 +23,7 @@ class CompletionRecord:
     request: dict[str, Any]
     created_at: datetime
     tenant: str | None = None  # of an implicit session (a named session already has its own)
+    agent_key_id: str | None = None  # the agent key of an implicit session (its consent)
     backend_id: int | None = None
     policy_version: int | None = None
     prompt_token_ids: list[int] | None = None
@@ -52,6 +53,7 @@ class CompletionRecord:
     session_status: str | None = None
     swap_doubt: str | None = None
     lease_epoch: int | None = None
+    echo_only: bool = False  # a text completion with `echo` and `max_tokens` 0 (ECHO_ONLY)
     # What row() decided, with the orphan reason (for the metrics of recorded completions).
     verdict: list[str] = field(default_factory=list)
 
@@ -65,6 +67,7 @@ class CompletionRecord:
             output_logprobs=self.output_logprobs,
             session_status=self.session_status,
             swap_doubt=self.swap_doubt,
+            echo_only=self.echo_only,
         )
         self.verdict = [*reasons, *([self.orphan_reason] if self.orphan_reason else [])]
         return {

@@ -78,6 +78,7 @@ def _implicit_session(r: CompletionRecord) -> dict[str, Any]:
         "status": "closed",
         "closed_at": r.created_at,
         "tenant": r.tenant,
+        "agent_key_id": r.agent_key_id,
     }
 
 
@@ -88,12 +89,13 @@ async def _insert(
     same statement as its completion (executemany: psycopg pipelines the rows)."""
     plain = [r.row() for r in records if sessions_inserted or not r.implicit_session]
     with_session = [
-        {"tenant": r.tenant, **{"c_" + k: v for k, v in r.row().items()}}
+        {"tenant": r.tenant, "agent_key_id": r.agent_key_id}
+        | {"c_" + k: v for k, v in r.row().items()}
         for r in records
         if not sessions_inserted and r.implicit_session
     ]
     if with_session:
-        keys = tuple(k for k in with_session[0] if k != "tenant")
+        keys = tuple(k for k in with_session[0] if k not in ("tenant", "agent_key_id"))
         await conn.execute(_with_session(keys), with_session)
     if plain:
         await conn.execute(insert(_COMPLETIONS), plain)
@@ -112,6 +114,7 @@ def _with_session(keys: tuple[str, ...]) -> Insert:
             status="closed",
             closed_at=bindparam("c_created_at"),
             tenant=bindparam("tenant"),
+            agent_key_id=bindparam("agent_key_id"),
         )
         .on_conflict_do_nothing()
         .cte("implicit_session")

@@ -26,7 +26,12 @@ async def _respond(
     check_token_cap({"max_output_tokens": body.max_output_tokens}, ctx.settings.max_tokens_cap)
     surface = ResponsesSurface(await raw_body(request))
     return await ctx.proxy.generate(
-        surface, session_id, idempotency_key, request.receive, tenant=caller.tenant
+        surface,
+        session_id,
+        idempotency_key,
+        request.receive,
+        tenant=caller.tenant,
+        key_id=caller.key_id,
     )
 
 

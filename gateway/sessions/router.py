@@ -47,7 +47,8 @@ async def create_session(
     body: SessionCreate, db: DbDep, ctx: ContextDep, url: GatewayUrl, caller: CallerDep
 ) -> SessionPublic:
     caller.require_unscoped("create sessions")
-    return service.public(await service.create_session(db, body, ctx.settings, caller.tenant), url)
+    session = await service.create_session(db, body, ctx.settings, caller.tenant, caller.key_id)
+    return service.public(session, url)
 
 
 @router.get("/{session_id}", response_model=SessionDetail)

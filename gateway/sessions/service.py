@@ -97,8 +97,13 @@ async def _join_group(
 
 
 async def create_session(
-    db: AsyncSession, body: SessionCreate, settings: Settings, tenant: str | None = None
+    db: AsyncSession,
+    body: SessionCreate,
+    settings: Settings,
+    tenant: str | None = None,
+    key_id: str | None = None,
 ) -> AgentSession:
+    """A new session of `tenant`, opened with the agent key `key_id` (its training consent)."""
     session_id = body.id or f"sess-{uuid.uuid4().hex}"
     async with db.begin():
         if body.group_id is not None:
@@ -113,6 +118,7 @@ async def create_session(
                     meta=body.metadata,
                     train=body.train,
                     tenant=tenant,
+                    agent_key_id=key_id,
                     sibling_normalization=body.sibling_normalization,
                 )
                 .on_conflict_do_nothing()

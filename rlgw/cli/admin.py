@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
+
+from sqlalchemy import select
 
 from rlgw import agent_keys
 from rlgw.database import ready_database_url, resolve_database_url
 from rlgw.db import migrate
 from rlgw.db.engine import make_sync_engine, sync_session_factory
+from rlgw.db.models import AgentKey, RegisteredModel
 from rlgw.export import export_command, parse_since
+from rlgw.governance import audit, consent
 from rlgw.model_dir import inspect_model_dir
 from rlgw.registry import RegistrationError, register_backend
 from rlgw.settings import Settings
@@ -48,8 +53,33 @@ def cmd_register(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_consent(db, args: argparse.Namespace, default: str) -> None:
+    """Show, or with --models set, an agent key's training consent (printed as JSON)."""
+    key = db.get(AgentKey, args.id)
+    if key is None:
+        raise CommandError(f"no agent key {args.id}", code=2)
+    if args.models is None:
+        policy = consent.key_effective(db, key, default)
+    else:
+        models = args.models.strip()
+        wanted: consent.KeyModels
+        if models in (consent.INHERIT, consent.NONE):
+            wanted = models  # type: ignore[assignment]
+        else:
+            wanted = [m.strip() for m in models.split(",") if m.strip()]
+            if not wanted:
+                raise CommandError("--models is inherit, none, or model names (M1,M2)", code=2)
+            unknown = sorted(set(wanted) - set(db.scalars(select(RegisteredModel.name))))
+            if unknown:
+                raise CommandError(f"no model named {', '.join(unknown)}", code=2)
+        policy = consent.put_key(db, key, wanted, audit.command_actor(), default)
+        info(f"[rlgw] agent key {key.id}: its sessions may train {policy.effective}")
+    print(json.dumps(vars(policy)))
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
-    engine = make_sync_engine(ready_database_url(Settings()))
+    settings = Settings()
+    engine = make_sync_engine(ready_database_url(settings))
     try:
         with sync_session_factory(engine)() as db, db.begin():
             if args.action == "create":
@@ -61,6 +91,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 for row in agent_keys.list_keys(db, args.tenant):
                     state = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "live"
                     print(f"{row.id}  {row.tenant}  {row.hint}...  {state}  {row.name or ''}")
+            elif args.action == "consent":
+                _key_consent(db, args, settings.training_consent)
             else:
                 row = agent_keys.revoke(db, args.id)
                 if row is None:
@@ -108,10 +140,16 @@ def add_commands(add) -> None:
     )
 
     p = add("keys", cmd_keys, "Mint, list or revoke agent keys (each bound to one tenant).")
-    p.add_argument("action", choices=["create", "list", "revoke"])
+    p.add_argument("action", choices=["create", "list", "revoke", "consent"])
     p.add_argument("--tenant", help="create: the key's tenant (required); list: only this one")
     p.add_argument("--name", default=None, help="create: a label for the key")
-    p.add_argument("--id", help="revoke: the key's id (ak_...)")
+    p.add_argument("--id", help="revoke, consent: the key's id (ak_...)")
+    p.add_argument(
+        "--models",
+        default=None,
+        help="consent: inherit (the tenant's consent), none, or M1,M2: the most the key's "
+        "sessions may train (never more than the tenant's); without it, show the key's consent",
+    )
     p.add_argument("--quiet", action="store_true", help="create: print the key alone")
 
     p = add("export", cmd_export, "Write session trajectories as JSON Lines (one per session).")
@@ -130,5 +168,5 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Rules argparse cannot express."""
     if args.command == "keys" and args.action == "create" and not args.tenant:
         parser.error("keys create needs --tenant")
-    if args.command == "keys" and args.action == "revoke" and not args.id:
-        parser.error("keys revoke needs --id")
+    if args.command == "keys" and args.action in ("revoke", "consent") and not args.id:
+        parser.error(f"keys {args.action} needs --id")

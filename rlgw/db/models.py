@@ -170,6 +170,11 @@ class AgentSession(Base):
     tenant: Mapped[str | None] = mapped_column(
         String(64), comment="tenant of the agent key that created it; null: created with auth off"
     )
+    agent_key_id: Mapped[str | None] = mapped_column(
+        ForeignKey("agent_keys.id", ondelete="SET NULL"),
+        comment="the agent key that opened it (its consent narrows the tenant's); null: "
+        "opened with auth off, the admin key, or before keys were recorded",
+    )
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict, server_default="{}")
     train: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
     implicit: Mapped[bool] = mapped_column(
@@ -311,6 +316,10 @@ class Consumption(Base):
     tenant: Mapped[str | None] = mapped_column(
         String(64), comment="tenant of the consumed session (provenance; kept after a purge)"
     )
+    agent_key_id: Mapped[str | None] = mapped_column(
+        String(32),
+        comment="the agent key of the consumed session (provenance; kept after a purge)",
+    )
     used: Mapped[bool] = mapped_column(Boolean, comment="false: skipped, see reason")
     reason: Mapped[str | None] = mapped_column(Text)
     tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -362,6 +371,11 @@ class AgentKey(Base):
     )
     created_at: Mapped[datetime] = _now()
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    training_models: Mapped[list[str] | None] = mapped_column(
+        ARRAY(Text),
+        comment="null: the tenant's consent; otherwise the only models the key's sessions may "
+        "train (empty: none), never more than the tenant's consent allows",
+    )
 
 
 class PromotionGate(Base):

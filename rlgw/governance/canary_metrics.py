@@ -33,7 +33,7 @@ _METRICS = text(
         WHERE s.created_at >= :since AND s.train
           AND s.status IN ('closed', 'claimed', 'consumed')
           AND EXISTS (SELECT 1 FROM completions c WHERE c.session_id = s.id AND c.model = :model)
-          AND {consented_sql("s.tenant")}
+          AND {consented_sql("s")}
     )
     SELECT count(*) FILTER (WHERE canary), avg(value) FILTER (WHERE canary),
            count(*) FILTER (WHERE control), avg(value) FILTER (WHERE control)

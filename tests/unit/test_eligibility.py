@@ -7,6 +7,7 @@ import pytest
 from rlgw.eligibility import (
     CROSSED_SWAP,
     DOUBTFUL_COMMIT,
+    ECHO_ONLY,
     NOT_FOLLOWING,
     eligibility_reason,
     ineligible_reasons,
@@ -144,3 +145,8 @@ def test_the_reasons_as_one_text_for_earlier_clients():
     assert eligibility_reason([]) is None
     assert eligibility_reason([CROSSED_SWAP]) == CROSSED_SWAP
     assert eligibility_reason(["a", "b"]) == "a; b"
+
+
+def test_an_echo_that_only_scored_the_prompt_says_so_instead_of_no_output():
+    evidence = {**GOOD, "finish_reason": "length", "output_token_ids": [], "output_logprobs": []}
+    assert ineligible_reasons(**evidence, echo_only=True) == [ECHO_ONLY]

@@ -14,7 +14,13 @@ from gateway.metrics.middleware import api_of
 from gateway.metrics.reasons import KINDS, reason_kind
 from gateway.metrics.registry import GatewayMetrics
 from gateway.recording.lineage import LineageRow, resolve_orphans
-from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, NOT_FOLLOWING, ineligible_reasons
+from rlgw.eligibility import (
+    CROSSED_SWAP,
+    DOUBTFUL_COMMIT,
+    ECHO_ONLY,
+    NOT_FOLLOWING,
+    ineligible_reasons,
+)
 from rlgw.settings import Settings
 
 GOOD = dict(
@@ -67,6 +73,7 @@ def test_exclusion_and_orphan_reasons_have_their_kind():
     assert reason_kind(CROSSED_SWAP) == "crossed_swap"
     assert reason_kind(NOT_FOLLOWING) == "not_following"
     assert reason_kind(DOUBTFUL_COMMIT) == "doubtful_commit"
+    assert reason_kind(ECHO_ONLY) == "echo_only"
 
 
 def test_an_unknown_reason_is_other():
