@@ -182,6 +182,17 @@ def test_echo_with_truncation_is_refused_with_the_reason(http):
     assert "truncate_prompt_tokens" in reply.json()["error"]["message"]
 
 
+def test_echo_on_chat_completions_is_refused_with_the_reason(http):
+    reply = http.post(
+        "/v1/chat/completions",
+        json={"model": MODEL_NAME, "messages": [{"role": "user", "content": PROMPT}], "echo": True},
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert "echo is not supported on chat completions" in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
 def test_max_tokens_zero_without_echo_is_refused_as_vllm_refuses_it(http, vllm):
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 0}
     ours = http.post("/v1/completions", json=body)

@@ -59,6 +59,22 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = Field(
+        default=None,
+        description="Not supported on chat completions (400 when true): vLLM would put the last "
+        "message's text before the reply, which the record and the lineage would take for output. "
+        "Score a prompt with `echo` on /v1/completions.",
+    )
+
+    @field_validator("echo")
+    @classmethod
+    def _no_chat_echo(cls, echo: bool | None) -> bool | None:
+        if echo:
+            raise ValueError(
+                "echo is not supported on chat completions by this gateway: "
+                "use /v1/completions with echo to score a prompt"
+            )
+        return echo
 
 
 class CompletionRequest(GenerationRequest):
