@@ -5,6 +5,7 @@ called over vLLM's `/collective_rpc` (string arguments only, JSON-able results).
 in three calls so that only the middle one happens while the server is paused:
 
     rlgw_stage(path, kind)   read and validate the file, and prepare the new weights
+                             (rlgw_stage_url: the same file fetched over HTTP, verified first)
     rlgw_apply()             put the prepared weights in place; restore the old ones on failure
     rlgw_commit() / rlgw_rollback()   drop the old weights, or put them back exactly
 
@@ -481,6 +482,43 @@ class WeightUpdateExtension:
             "bytes": nbytes,
             **prepared.info,
             "phases": phases,
+            "seconds": time.perf_counter() - t0,
+        }
+
+    def rlgw_stage_url(
+        self, url: str, sha256: str, kind: str, token: str, path: str = ""
+    ) -> dict[str, Any]:
+        """`rlgw_stage` of a version file fetched over HTTP (trainer/fetch.py: bearer token,
+        resumable, sha256 checked before a tensor is read), or read from `path` when that is a
+        file on this host with the same sha256. Says which delivery it used and why."""
+        from trainer.fetch import FetchError, fetch_verified, file_digest
+
+        t0 = time.perf_counter()
+        delivery, reason = "http", "the trainer offered no path"
+        if path:
+            if not os.path.isfile(path):
+                reason = f"{path} is not readable on this host"
+            elif file_digest(Path(path)) != sha256.lower():
+                reason = f"{path} on this host is another file (its sha256 differs)"
+            else:
+                delivery, reason = "path", f"{path} on this host has the version's sha256"
+        report: dict[str, Any] = {"delivery": delivery, "delivery_reason": reason}
+        if delivery == "path":
+            return {**self.rlgw_stage(path, kind), **report, "downloaded": 0}
+        try:
+            fetched = fetch_verified(url, token, sha256)
+        except (FetchError, OSError) as exc:
+            return {"ok": False, "error": f"{reason}; fetching it: {exc}", **report}
+        report["fetch"] = {
+            "seconds": fetched.seconds,
+            "resumed_from": fetched.resumed_from,
+            "attempts": fetched.attempts,
+        }
+        staged = self.rlgw_stage(str(fetched.path), kind)
+        return {
+            **staged,
+            **report,
+            "downloaded": fetched.bytes_downloaded,
             "seconds": time.perf_counter() - t0,
         }
 

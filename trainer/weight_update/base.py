@@ -24,7 +24,9 @@ Any transport error (`httpx.HTTPError`) from stage is a refusal too (stage touch
 from apply, commit or rollback it leaves the weights unknown, and the backend `failed`.
 
 Implementations: `files.py` (`DeltaFile`, `FullFile`: safetensors in HF naming, read from a path
-by the project's worker extension). The next ones fit without touching the coordinator:
+by the project's worker extension) and `remote.py` (`RemoteDelta`, `RemoteFull`: the same files,
+fetched over HTTP by a backend that cannot read the path; below). The next ones fit without
+touching the coordinator:
 
 - **LoRA adapter** (`LoraAdapter(adapter_dir)`, kind "lora", not relative: an adapter replaces
   the previous one on the same base weights, whatever version the backend served). The server
@@ -69,6 +71,7 @@ class Staged:
 
     nbytes: int  # bytes the backend received and prepared (summed over its workers)
     detail: Any = None  # the backend's own report (per-worker phases and counts), for logs
+    note: str | None = None  # how it travelled, when the backend chose (e.g. HTTP, and why)
 
 
 class WeightUpdate(ABC):
