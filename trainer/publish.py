@@ -32,7 +32,7 @@ from rlgw.db.models import Backend, PolicyVersion, PromotionGate, RegisteredMode
 from rlgw.governance.version_status import CANDIDATE, PROMOTED
 from rlgw.settings import Settings
 
-from .errors import UnknownModel, VersionConflict
+from .errors import UnknownModel, VersionConflict, VersionFilesUnavailable
 from .parity import ProbeScores, reference_scores
 from .swap.coordinator import CONTROL_TIMEOUT_S, SwapCoordinator, SwapPlan, SwapReport
 from .version_files import VersionFileServer, file_kind, version_files_token, version_url
@@ -97,7 +97,10 @@ class Publisher:
     def _serve_files(self, settings: Settings) -> None:
         """Serve this state directory's version files to backends on other hosts."""
         token = version_files_token(settings)
-        self.files_server = VersionFileServer(self.home, settings.version_files_bind, token)
+        try:
+            self.files_server = VersionFileServer(self.home, settings.version_files_bind, token)
+        except (OSError, ValueError) as exc:  # a malformed bind, a port in use
+            raise VersionFilesUnavailable(settings.version_files_bind, exc) from None
         self.files_server.__enter__()
         base = settings.version_files_url or f"http://{self.files_server.bound}"
         self.source = VersionSource(base, token)
