@@ -38,12 +38,15 @@ touching the coordinator:
   served under, and after a rollback the old version's name; `commit` unloads the previous
   version's adapter, `rollback` unloads the new one (the old one never left: exact). The gateway
   then sends a model's traffic under its served version's `served_name`, a routing change.
-- **Files over HTTP** (`RemoteFile(url, sha256, token)`, a `FileUpdate` with the stored file's
-  kind, for a backend on another host). Only `stage` differs: `rlgw_stage_url` makes the worker
-  download the version file from an authenticated endpoint (a bearer token scoped to version
-  files, never the admin key), check its sha256 against `policy_versions.checksum` before reading
-  a tensor, then prepare it as `rlgw_stage` does; `nbytes` is the download. Apply, commit and
-  rollback are the file ones, and the network time stays outside the pause.
+- **Files over HTTP** (done: `remote.py`, `RemoteDelta`/`RemoteFull(path, url, sha256, token)`,
+  the file updates with another stage, for a backend on another host). `rlgw_stage_url` makes
+  the worker read the trainer's path when that file is on its host with the version's sha256,
+  and otherwise download it from the trainer's version-file server (`trainer/version_files.py`:
+  a bearer token scoped to version files, never the admin key; Range, so a download resumes),
+  check its sha256 against `policy_versions.checksum` before reading a tensor, then prepare it
+  as `rlgw_stage` does; `Staged.note` says which delivery and why. Apply, commit and rollback are
+  the file ones, and the network time stays outside the pause. The publisher offers updates
+  this way when `RLGW_VERSION_FILES_BIND` is set (docs/deployment.md).
 - **vLLM's native weight-transfer engine** (`NcclTransfer(group, weights)`, kind "nccl", GPUs
   only; `--weight-transfer-config '{"backend": "nccl"}'`, trainer side
   `vllm.distributed.weight_transfer`). `/init_weight_transfer_engine` once per backend joins the
