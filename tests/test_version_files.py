@@ -14,13 +14,22 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rlgw.db.engine import make_sync_engine, sync_session_factory
+from rlgw.db.migrate import upgrade
+from rlgw.registry import store_model
 from rlgw.settings import Settings
 from trainer.fetch import FetchError, fetch_verified
+from trainer.publish import Publisher
 from trainer.version_files import VersionFileServer, version_files_token, version_url
-from trainer.versions import version_file
+from trainer.versions import file_sha256, version_file
+from trainer.weight_update.files import DeltaFile
+from trainer.weight_update.remote import RemoteDelta
+
+from conftest import ADMIN_KEY, MODEL_NAME, gateway_settings
+from swap_helpers import random_delta
 
 TOKEN = "file-token-0123456789abcdef"
-MODEL = "tiny"
+MODEL = MODEL_NAME
 SIZE = 3 * (1 << 20) + 12_345  # a few blocks and a ragged end
 
 
@@ -230,3 +239,33 @@ def test_the_token_is_generated_once_and_private(tmp_path) -> None:
 def test_the_admin_key_is_refused_as_the_file_token() -> None:
     with pytest.raises(ValueError, match="must not be the admin key"):
         Settings(admin_key="an-admin-key-0123456789", version_files_token="an-admin-key-0123456789")
+
+
+def test_the_publisher_offers_recorded_files_over_http_only_when_it_serves_them(
+    make_database, tiny_model_dir, tmp_path
+) -> None:
+    db_url = make_database()
+    upgrade(db_url)
+    engine = make_sync_engine(db_url)
+    try:
+        with sync_session_factory(engine)() as db, db.begin():
+            store_model(db, MODEL_NAME, [], model_path=str(tiny_model_dir), replace=False)
+        plain = gateway_settings(db_url).model_copy(update={"home": tmp_path})
+        serving = plain.model_copy(update={"version_files_bind": "127.0.0.1:0"})
+        delta = random_delta(tiny_model_dir, seed=3)
+        with Publisher(plain, engine, MODEL_NAME) as publisher:
+            published = publisher.record(0, delta, DeltaFile)
+            assert publisher.offered(published.update, 1) is published.update
+        with Publisher(serving, engine, MODEL_NAME) as publisher:
+            offered = publisher.offered(published.update, 1)
+            elsewhere = DeltaFile(tmp_path / "not-a-version-file.safetensors")
+            assert publisher.offered(elsewhere, 1) is elsewhere
+            url, token = offered.url, offered.token
+            assert isinstance(offered, RemoteDelta) and offered.relative
+            assert offered.path == published.update.path
+            assert offered.sha256 == file_sha256(published.update.path)  # the recorded checksum
+            reply = httpx.get(url, headers={"Authorization": f"Bearer {token}"})
+            assert reply.content == Path(published.update.path).read_bytes()
+        assert token == version_files_token(serving) != ADMIN_KEY
+    finally:
+        engine.dispose()
