@@ -200,10 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.25, help="delta std = 0.02 * scale")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--min-free-gib", type=float, default=4.0)
+    parser.add_argument("--work", type=Path, help="where the model, files and logs go (kept)")
     args = parser.parse_args(argv)
     started, load_before = datetime.now(UTC), os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="rlgw-weight-http-") as temp:
-        rows = run(args, Path(temp))
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
+        rows = run(args, args.work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="rlgw-weight-http-") as temp:
+            rows = run(args, Path(temp))
     report = {
         "benchmark": "weight_sync_http",
         "date": started.isoformat(timespec="seconds"),
