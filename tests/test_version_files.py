@@ -18,7 +18,7 @@ from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
 from rlgw.registry import store_model
 from rlgw.settings import Settings
-from trainer.fetch import FetchError, fetch_verified
+from trainer.fetch import BackgroundFetch, FetchError, fetch_verified
 from trainer.publish import Publisher
 from trainer.version_files import VersionFileServer, version_files_token, version_url
 from trainer.versions import file_sha256, version_file
@@ -269,3 +269,21 @@ def test_the_publisher_offers_recorded_files_over_http_only_when_it_serves_them(
         assert token == version_files_token(serving) != ADMIN_KEY
     finally:
         engine.dispose()
+
+
+def test_a_background_fetch_downloads_in_a_thread_and_reports_its_progress(
+    served, tmp_path, monkeypatch
+) -> None:
+    _, path, base = served
+    url, data = version_url(base, MODEL, 3, "delta"), path.read_bytes()
+    monkeypatch.setenv("RLGW_HOME", str(tmp_path / "backend-home"))
+    fetch = BackgroundFetch(url, TOKEN, sha256(data), "why")
+    fetch._thread.join(timeout=60)
+    assert fetch.done and fetch.error is None
+    assert fetch.result.path.parent == tmp_path / "backend-home" / "downloads"
+    assert fetch.result.path.read_bytes() == data
+    assert fetch.received() == 0  # the part became the verified file
+    monkeypatch.setenv("RLGW_HOME", str(tmp_path / "another-backend"))
+    failed = BackgroundFetch(url, "wrong", sha256(data), "why")
+    failed._thread.join(timeout=60)
+    assert failed.result is None and "HTTP 403" in str(failed.error)

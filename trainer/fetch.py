@@ -1,6 +1,7 @@
 """A backend's side of weights over HTTP: download a version file, resumably, and verify it.
 
-Runs inside the vLLM worker (`rlgw_stage_url` in `trainer/vllm_worker.py`), outside the pause.
+Runs inside the vLLM worker (`rlgw_stage_url` in `trainer/vllm_worker.py`), outside the pause,
+in a thread of its own (`BackgroundFetch`), so the server keeps serving while the file arrives.
 The file lands in `<dir>/<sha256>.part` and is hashed as it arrives; a download cut off (a
 dropped connection, a stage that timed out, a restarted worker) leaves the part, and the next
 attempt asks only for the rest (`Range: bytes=<have>-`). Only a file whose sha256 is the one the
@@ -15,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -161,3 +163,36 @@ def _one_attempt(http: httpx.Client, url: str, token: str, part: Path, have: int
                 f.flush()
                 raise _Cut(exc, got) from exc
     return have + got, got, digest
+
+
+class BackgroundFetch:
+    """`fetch_verified` in a thread of the worker: the engine loop keeps serving while the file
+    downloads, and the trainer polls (`rlgw_stage_url` answers "pending" until it is done)."""
+
+    def __init__(self, url: str, token: str, sha256: str, reason: str) -> None:
+        self.sha256 = sha256.lower()
+        self.reason = reason  # why this backend downloads instead of reading the path
+        self.part = download_dir() / f"{self.sha256}.part"
+        self.result: Fetched | None = None
+        self.error: Exception | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(url, token), name="rlgw-fetch", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, url: str, token: str) -> None:
+        try:
+            self.result = fetch_verified(url, token, self.sha256)
+        except Exception as exc:  # reported to the trainer by the next poll
+            self.error = exc
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def received(self) -> int:
+        """Bytes on disk so far (the trainer's measure of progress)."""
+        try:
+            return self.part.stat().st_size
+        except OSError:
+            return 0

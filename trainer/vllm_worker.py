@@ -189,6 +189,7 @@ class WeightUpdateExtension:
     # allocation costs page faults (0.7 s for 1.4 GB here), zeroing a used buffer 0.07 s.
     _rlgw_pool: dict[str, list[torch.Tensor]] | None = None
     _rlgw_reused = 0  # buffers taken from the pool by the current stage
+    _rlgw_fetch: Any = None  # trainer.fetch.BackgroundFetch: a version file on its way (HTTP)
 
     # ------------------------------------------------------------------ helpers
     def _rlgw_model(self) -> torch.nn.Module:
@@ -490,25 +491,32 @@ class WeightUpdateExtension:
     ) -> dict[str, Any]:
         """`rlgw_stage` of a version file fetched over HTTP (trainer/fetch.py: bearer token,
         resumable, sha256 checked before a tensor is read), or read from `path` when that is a
-        file on this host with the same sha256. Says which delivery it used and why."""
-        from trainer.fetch import FetchError, fetch_verified, file_digest
+        file on this host with the same sha256. The download runs in a thread: until it is done
+        this answers {"pending": True, "received": bytes} at once (the trainer polls), so the
+        server keeps serving meanwhile. Says which delivery it used and why."""
+        from trainer.fetch import BackgroundFetch, file_digest
 
         t0 = time.perf_counter()
-        delivery, reason = "http", "the trainer offered no path"
-        if path:
-            if not os.path.isfile(path):
-                reason = f"{path} is not readable on this host"
-            elif file_digest(Path(path)) != sha256.lower():
-                reason = f"{path} on this host is another file (its sha256 differs)"
-            else:
-                delivery, reason = "path", f"{path} on this host has the version's sha256"
-        report: dict[str, Any] = {"delivery": delivery, "delivery_reason": reason}
-        if delivery == "path":
-            return {**self.rlgw_stage(path, kind), **report, "downloaded": 0}
-        try:
-            fetched = fetch_verified(url, token, sha256)
-        except (FetchError, OSError) as exc:
-            return {"ok": False, "error": f"{reason}; fetching it: {exc}", **report}
+        fetch = self._rlgw_fetch
+        if fetch is None or fetch.sha256 != sha256.lower():  # a new version: path or download?
+            reason = "the trainer offered no path"
+            if path:
+                if not os.path.isfile(path):
+                    reason = f"{path} is not readable on this host"
+                elif file_digest(Path(path)) != sha256.lower():
+                    reason = f"{path} on this host is another file (its sha256 differs)"
+                else:
+                    why = f"{path} on this host has the version's sha256"
+                    staged = self.rlgw_stage(path, kind)
+                    return {**staged, "delivery": "path", "delivery_reason": why, "downloaded": 0}
+            fetch = self._rlgw_fetch = BackgroundFetch(url, token, sha256, reason)
+        report: dict[str, Any] = {"delivery": "http", "delivery_reason": fetch.reason}
+        if not fetch.done:
+            return {"ok": True, "pending": True, "received": fetch.received(), **report}
+        self._rlgw_fetch = None
+        if fetch.result is None:
+            return {"ok": False, "error": f"{fetch.reason}; fetching it: {fetch.error}", **report}
+        fetched = fetch.result
         report["fetch"] = {
             "seconds": fetched.seconds,
             "resumed_from": fetched.resumed_from,
