@@ -100,6 +100,7 @@ class Publisher:
         try:
             self.files_server = VersionFileServer(self.home, settings.version_files_bind, token)
         except (OSError, ValueError) as exc:  # a malformed bind, a port in use
+            self.coordinator.http.close()
             raise VersionFilesUnavailable(settings.version_files_bind, exc) from None
         self.files_server.__enter__()
         base = settings.version_files_url or f"http://{self.files_server.bound}"
@@ -249,10 +250,9 @@ class Publisher:
             row = db.scalar(self._row(version))
         if row is not None and row.weights_path == str(path) and row.checksum:
             sha256 = row.checksum
-        else:  # an anchor: its file is not the version's recorded one
-            sha256 = self._sums.get(str(path)) or self._sums.setdefault(
-                str(path), file_sha256(path)
-            )
+        else:  # an anchor: its file is not the version's recorded one; hashed once
+            sha256 = self._sums.get(str(path)) or file_sha256(path)
+            self._sums[str(path)] = sha256
         url = version_url(self.source.base_url, self.model.name, version, kind)
         return remote(update, url, sha256, self.source.token)
 

@@ -190,6 +190,7 @@ class WeightUpdateExtension:
     _rlgw_pool: dict[str, list[torch.Tensor]] | None = None
     _rlgw_reused = 0  # buffers taken from the pool by the current stage
     _rlgw_fetch: Any = None  # trainer.fetch.BackgroundFetch: a version file on its way (HTTP)
+    _rlgw_fetched: tuple[str, dict[str, Any]] | None = None  # (sha256, report) of the last one
 
     # ------------------------------------------------------------------ helpers
     def _rlgw_model(self) -> torch.nn.Module:
@@ -497,6 +498,9 @@ class WeightUpdateExtension:
         from trainer.fetch import BackgroundFetch, file_digest
 
         t0 = time.perf_counter()
+        done = self._rlgw_fetched
+        if done is not None and done[0] == sha256.lower() and self._rlgw_staged is not None:
+            return done[1]  # staged already: another worker of this server was still fetching
         fetch = self._rlgw_fetch
         if fetch is None or fetch.sha256 != sha256.lower():  # a new version: path or download?
             reason = "the trainer offered no path"
@@ -523,12 +527,14 @@ class WeightUpdateExtension:
             "attempts": fetched.attempts,
         }
         staged = self.rlgw_stage(str(fetched.path), kind)
-        return {
+        result = {
             **staged,
             **report,
             "downloaded": fetched.bytes_downloaded,
             "seconds": time.perf_counter() - t0,
         }
+        self._rlgw_fetched = (fetch.sha256, result) if staged.get("ok") else None
+        return result
 
     @torch.no_grad()
     def rlgw_apply(self) -> dict[str, Any]:
