@@ -121,19 +121,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             if body:
                 f.seek(start)
-                _copy(f, self.wfile, length)
-                self.server.bytes_sent += length
+                self._copy(f, length)
         return None
 
-
-def _copy(src, dst, length: int) -> None:
-    left = length
-    while left > 0:
-        block = src.read(min(_CHUNK, left))
-        if not block:
-            break
-        dst.write(block)
-        left -= len(block)
+    def _copy(self, src, length: int) -> None:
+        left = length
+        while left > 0:
+            block = src.read(min(_CHUNK, left))
+            if not block:
+                break
+            self.server.bytes_sent += len(block)  # counted before the client can have it
+            self.wfile.write(block)
+            left -= len(block)
 
 
 class VersionFileServer(ThreadingHTTPServer):
