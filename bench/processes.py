@@ -11,6 +11,8 @@ from pathlib import Path
 
 import httpx
 
+from rlgw.ports import free_port  # noqa: F401 - weight_sync.py, gateway_overhead.py import it here
+
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)

@@ -198,6 +198,25 @@ class Settings(BaseSettings):
         "registry state in Postgres is not changed (docs/architecture.md#backend-health).",
     )
 
+    version_files_bind: str | None = Field(
+        default=None,
+        description="host:port where the trainer serves its version files over HTTP to backends "
+        "that cannot read its disk (GET /versions/<model>/<version>/<kind>, bearer token, "
+        "Range). Empty: no server; every backend reads the files from the path "
+        "(docs/deployment.md#weights-over-http).",
+    )
+    version_files_url: str | None = Field(
+        default=None,
+        description="Base URL backends use to reach the version-file server (e.g. "
+        "http://trainer-host:8200). Default: http://<version_files_bind>.",
+    )
+    version_files_token: str | None = Field(
+        default=None,
+        description="Bearer token of the version-file server: it reads version files and "
+        "nothing else. Empty: a random one generated once and kept in <home>/version-files.token "
+        "(mode 0600). Never the admin key (refused).",
+    )
+
     training_consent: Literal["all", "none"] = Field(
         default="all",
         description="What a tenant without a training policy (PUT /admin/tenants/{t}/training-"
@@ -244,6 +263,15 @@ class Settings(BaseSettings):
     def _parse_allowlist(cls, value: str) -> str:
         parse_allowlist(value)  # raises ValueError on a malformed entry
         return value
+
+    @model_validator(mode="after")
+    def _refuse_admin_key_as_file_token(self) -> Settings:
+        if self.version_files_token and self.version_files_token == self.admin_key:
+            raise ValueError(
+                "RLGW_VERSION_FILES_TOKEN must not be the admin key: it is handed to every "
+                "backend; use a token of its own (or leave it empty to generate one)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _refuse_unsafe_exposure(self) -> Settings:

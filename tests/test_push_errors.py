@@ -3,6 +3,7 @@ leaves the versions where the next push cannot continue (real Postgres; no backe
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from trainer.errors import (
     TrainerError,
     UnknownModel,
     VersionConflict,
+    VersionFilesUnavailable,
 )
 from trainer.publish import Publisher
 from trainer.push import push
@@ -146,3 +148,17 @@ def test_a_registry_wedged_by_an_older_push_continues_from_its_newest_version(re
     with pytest.raises(PushRefused):  # no backend here; recorded all the same
         push(registry.settings, registry.db_url, MODEL_NAME, delta=path)
     assert registry.versions() == (newest + 1, newest + 1)
+
+
+def test_a_version_file_bind_that_cannot_be_served_is_one_line_and_records_nothing(
+    registry, tmp_path
+):
+    before = registry.versions()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        bind = f"127.0.0.1:{taken.getsockname()[1]}"
+        settings = registry.settings.model_copy(update={"version_files_bind": bind})
+        delta = write_delta(random_delta(registry.model_dir, 7), tmp_path / "d.safetensors")
+        with pytest.raises(VersionFilesUnavailable) as caught:
+            push(settings, registry.db_url, MODEL_NAME, delta=delta)
+    assert f"RLGW_VERSION_FILES_BIND={bind}" in one_line(caught.value)
+    assert registry.versions() == before

@@ -5,6 +5,7 @@
     ├── DatabaseUnavailable      Postgres refused or dropped the connection
     ├── VersionConflict          another publisher recorded a version after the one this update
     │                            was built on (a push while a trainer runs, two pushes at once)
+    ├── VersionFilesUnavailable  RLGW_VERSION_FILES_BIND cannot be served (malformed, in use)
     └── PushError                `rlgw push` did not install the weights (also: a usage error)
         ├── BadUpdate            the weights given cannot become a version (unreadable file,
         │                        unknown names, wrong shapes, NaN); nothing was recorded
@@ -47,6 +48,11 @@ class VersionConflict(TrainerError):
             f"{model_name} is at version {latest}, but this update was built on version "
             f"{parent}: someone else published meanwhile; start again from version {latest}"
         )
+
+
+class VersionFilesUnavailable(TrainerError):
+    def __init__(self, bind: str, cause: Exception) -> None:
+        super().__init__(f"cannot serve version files on RLGW_VERSION_FILES_BIND={bind}: {cause}")
 
 
 class PushError(TrainerError):

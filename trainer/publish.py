@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,13 +33,15 @@ from rlgw.db.models import Backend, PolicyVersion, PromotionGate, RegisteredMode
 from rlgw.governance.version_status import CANDIDATE, PROMOTED
 from rlgw.settings import Settings
 
-from .errors import UnknownModel, VersionConflict
+from .errors import UnknownModel, VersionConflict, VersionFilesUnavailable
 from .parity import ProbeScores, reference_scores
 from .swap.coordinator import CONTROL_TIMEOUT_S, SwapCoordinator, SwapPlan, SwapReport
+from .version_files import VersionFileServer, file_kind, version_files_token, version_url
 from .versions import file_sha256, head_version, latest_version, materialize, version_file
 from .weight_update.base import WeightUpdate
 from .weight_update.files import FileUpdate, FullFile
 from .weight_update.native_offer import native_offer
+from .weight_update.remote import VersionSource, remote
 from .weights import state_dict
 
 
@@ -98,11 +101,31 @@ class Publisher:
             timeout_s=timeout_s,
         )
         self.log = log
+        self.files_server: VersionFileServer | None = None
+        self.source: VersionSource | None = None
+        self._sums: dict[str, str] = {}  # sha256 of anchor files (not recorded in the registry)
+        if settings.version_files_bind:
+            self._serve_files(settings)
+
+    def _serve_files(self, settings: Settings) -> None:
+        """Serve this state directory's version files to backends on other hosts."""
+        token = version_files_token(settings)
+        try:
+            self.files_server = VersionFileServer(self.home, settings.version_files_bind, token)
+        except (OSError, ValueError) as exc:  # a malformed bind, a port in use
+            self.coordinator.http.close()
+            raise VersionFilesUnavailable(settings.version_files_bind, exc) from None
+        self.files_server.__enter__()
+        base = settings.version_files_url or f"http://{self.files_server.bound}"
+        self.source = VersionSource(base, token)
+        self.log(f"[publish] version files served at {base} to backends that cannot read them")
 
     def close(self) -> None:
         if self.native is not None:
             self.native.close()
         self.coordinator.http.close()
+        if self.files_server is not None:
+            self.files_server.close()
 
     def __enter__(self) -> Publisher:
         return self
@@ -195,10 +218,10 @@ class Publisher:
             model_id=self.model.id,
             parent_version=published.parent,
             new_version=published.version,
-            update=published.update,
+            update=self.offered(published.update, published.version),
             reference_new=reference_scores(model),
             reference_old=reference_old,
-            fallback=fallback,
+            fallback=None if fallback is None else self.offered(fallback, published.version),
             preferred=self._native(model, published.parent),
         )
         if backends is None and published.candidate:
@@ -225,7 +248,7 @@ class Publisher:
             model_id=self.model.id,
             parent_version=version,
             new_version=version,
-            update=self._full(version, model),
+            update=self.offered(self._full(version, model), version),
             reference_new=reference_scores(model),
             preferred=self._native(model, None),
         )
@@ -244,6 +267,25 @@ class Publisher:
     def _reference(self, version: int) -> torch.nn.Module:
         with self.sessions() as db:
             return materialize(db, self.model, version)
+
+    def offered(self, update: FileUpdate, version: int) -> WeightUpdate:
+        """`update` as backends get it: with a version-file server, also offered over HTTP
+        (with the version's recorded sha256) to a backend that cannot read its path."""
+        path = Path(update.path)
+        kind = file_kind(path)
+        if self.source is None or kind is None:
+            return update
+        if path != version_file(self.home, self.model.name, version, kind):
+            return update  # not a stored version file: the server does not serve it
+        with self.sessions() as db:
+            row = db.scalar(self._row(version))
+        if row is not None and row.weights_path == str(path) and row.checksum:
+            sha256 = row.checksum
+        else:  # an anchor: its file is not the version's recorded one; hashed once
+            sha256 = self._sums.get(str(path)) or file_sha256(path)
+            self._sums[str(path)] = sha256
+        url = version_url(self.source.base_url, self.model.name, version, kind)
+        return remote(update, url, sha256, self.source.token)
 
     def _behind(self, version: int) -> list:
         """Backends serving another version than `version`, but for a candidate being judged."""

@@ -5,6 +5,7 @@ called over vLLM's `/collective_rpc` (string arguments only, JSON-able results).
 in three calls so that only the middle one happens while the server is paused:
 
     rlgw_stage(path, kind)   read and validate the file, and prepare the new weights
+                             (rlgw_stage_url: the same file fetched over HTTP, verified first)
     rlgw_apply()             put the prepared weights in place; restore the old ones on failure
     rlgw_commit() / rlgw_rollback()   drop the old weights, or put them back exactly
 
@@ -188,6 +189,8 @@ class WeightUpdateExtension:
     # allocation costs page faults (0.7 s for 1.4 GB here), zeroing a used buffer 0.07 s.
     _rlgw_pool: dict[str, list[torch.Tensor]] | None = None
     _rlgw_reused = 0  # buffers taken from the pool by the current stage
+    _rlgw_fetch: Any = None  # trainer.fetch.BackgroundFetch: a version file on its way (HTTP)
+    _rlgw_fetched: tuple[str, dict[str, Any]] | None = None  # (sha256, report) of the last one
 
     # ------------------------------------------------------------------ helpers
     def _rlgw_model(self) -> torch.nn.Module:
@@ -483,6 +486,55 @@ class WeightUpdateExtension:
             "phases": phases,
             "seconds": time.perf_counter() - t0,
         }
+
+    def rlgw_stage_url(
+        self, url: str, sha256: str, kind: str, token: str, path: str = ""
+    ) -> dict[str, Any]:
+        """`rlgw_stage` of a version file fetched over HTTP (trainer/fetch.py: bearer token,
+        resumable, sha256 checked before a tensor is read), or read from `path` when that is a
+        file on this host with the same sha256. The download runs in a thread: until it is done
+        this answers {"pending": True, "received": bytes} at once (the trainer polls), so the
+        server keeps serving meanwhile. Says which delivery it used and why."""
+        from trainer.fetch import BackgroundFetch, file_digest
+
+        t0 = time.perf_counter()
+        done = self._rlgw_fetched
+        if done is not None and done[0] == sha256.lower() and self._rlgw_staged is not None:
+            return done[1]  # staged already: another worker of this server was still fetching
+        fetch = self._rlgw_fetch
+        if fetch is None or fetch.sha256 != sha256.lower():  # a new version: path or download?
+            reason = "the trainer offered no path"
+            if path:
+                if not os.path.isfile(path):
+                    reason = f"{path} is not readable on this host"
+                elif file_digest(Path(path)) != sha256.lower():
+                    reason = f"{path} on this host is another file (its sha256 differs)"
+                else:
+                    why = f"{path} on this host has the version's sha256"
+                    staged = self.rlgw_stage(path, kind)
+                    return {**staged, "delivery": "path", "delivery_reason": why, "downloaded": 0}
+            fetch = self._rlgw_fetch = BackgroundFetch(url, token, sha256, reason)
+        report: dict[str, Any] = {"delivery": "http", "delivery_reason": fetch.reason}
+        if not fetch.done:
+            return {"ok": True, "pending": True, "received": fetch.received(), **report}
+        self._rlgw_fetch = None
+        if fetch.result is None:
+            return {"ok": False, "error": f"{fetch.reason}; fetching it: {fetch.error}", **report}
+        fetched = fetch.result
+        report["fetch"] = {
+            "seconds": fetched.seconds,
+            "resumed_from": fetched.resumed_from,
+            "attempts": fetched.attempts,
+        }
+        staged = self.rlgw_stage(str(fetched.path), kind)
+        result = {
+            **staged,
+            **report,
+            "downloaded": fetched.bytes_downloaded,
+            "seconds": time.perf_counter() - t0,
+        }
+        self._rlgw_fetched = (fetch.sha256, result) if staged.get("ok") else None
+        return result
 
     @torch.no_grad()
     def rlgw_apply(self) -> dict[str, Any]:

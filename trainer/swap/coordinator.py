@@ -96,6 +96,7 @@ class SwapReport:
     stage_window: tuple[float, float] | None = None  # (start, end) on time.monotonic()
     parity_diff: float | None = None
     bytes_shipped: int = 0
+    delivery: str | None = None  # how the update travelled, when the backend chose
 
 
 class SwapFailed(Exception):
@@ -198,6 +199,9 @@ class SwapCoordinator:
                 self.set_state(backend.id, bs.ACTIVE, f"version {plan.new_version} refused: {exc}")
             return
         report.bytes_shipped = staged.nbytes
+        if staged.note:
+            report.delivery = staged.note
+            self.log(f"[swap] backend {backend.id} {backend.url}: {staged.note}")
         if not report.staged_out_of_routing:
             t_out, mono_out = time.perf_counter(), time.monotonic()
         try:

@@ -25,7 +25,9 @@ Any transport error (`httpx.HTTPError`) from stage is a refusal too (stage touch
 from apply, commit or rollback it leaves the weights unknown, and the backend `failed`.
 
 Implementations: `files.py` (`DeltaFile`, `FullFile`: safetensors in HF naming, read from a path
-by the project's worker extension). The next ones fit without touching the coordinator:
+by the project's worker extension) and `remote.py` (`RemoteDelta`, `RemoteFull`: the same files,
+fetched over HTTP by a backend that cannot read the path; below). The next ones fit without
+touching the coordinator:
 
 - **LoRA adapter** (`LoraAdapter(adapter_dir)`, kind "lora", not relative: an adapter replaces
   the previous one on the same base weights, whatever version the backend served). The server
@@ -37,12 +39,15 @@ by the project's worker extension). The next ones fit without touching the coord
   served under, and after a rollback the old version's name; `commit` unloads the previous
   version's adapter, `rollback` unloads the new one (the old one never left: exact). The gateway
   then sends a model's traffic under its served version's `served_name`, a routing change.
-- **Files over HTTP** (`RemoteFile(url, sha256, token)`, a `FileUpdate` with the stored file's
-  kind, for a backend on another host). Only `stage` differs: `rlgw_stage_url` makes the worker
-  download the version file from an authenticated endpoint (a bearer token scoped to version
-  files, never the admin key), check its sha256 against `policy_versions.checksum` before reading
-  a tensor, then prepare it as `rlgw_stage` does; `nbytes` is the download. Apply, commit and
-  rollback are the file ones, and the network time stays outside the pause.
+- **Files over HTTP** (done: `remote.py`, `RemoteDelta`/`RemoteFull(path, url, sha256, token)`,
+  the file updates with another stage, for a backend on another host). `rlgw_stage_url` makes
+  the worker read the trainer's path when that file is on its host with the version's sha256,
+  and otherwise download it from the trainer's version-file server (`trainer/version_files.py`:
+  a bearer token scoped to version files, never the admin key; Range, so a download resumes),
+  check its sha256 against `policy_versions.checksum` before reading a tensor, then prepare it
+  as `rlgw_stage` does; `Staged.note` says which delivery and why. Apply, commit and rollback are
+  the file ones, and the network time stays outside the pause. The publisher offers updates
+  this way when `RLGW_VERSION_FILES_BIND` is set (docs/deployment.md).
 - **vLLM's native weight-transfer engine**, implemented, EXPERIMENTAL (never run against a GPU
   vLLM server): `nccl.py` (`NcclTransfer`, `IpcTransfer`, kind "nccl"/"ipc", full weights, not
   relative; server flag `--weight-transfer-config '{"backend": "nccl"}'`, trainer side
@@ -78,6 +83,7 @@ class Staged:
 
     nbytes: int  # bytes the backend received and prepared (summed over its workers)
     detail: Any = None  # the backend's own report (per-worker phases and counts), for logs
+    note: str | None = None  # how it travelled, when the backend chose (e.g. HTTP, and why)
 
 
 class WeightUpdate(ABC):

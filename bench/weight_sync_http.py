@@ -1,0 +1,236 @@
+"""Weight sync over HTTP vs from a path: the same verified delta swap, the file read by the worker
+from the trainer's path or downloaded from the trainer's version-file server (bearer token,
+sha256 checked before a tensor is read).
+
+One vLLM server (`rlgw backend`'s launcher) with the model of `bench/weight_sync.py` (its
+functions are reused), a version-file server over a temporary state directory, and for each
+repeat one swap per method, alternating +delta / -delta: stage (outside the pause; for HTTP it
+includes the download and the checksum), pause(wait), apply, reset_prefix_cache, resume, parity
+probe against a transformers fp32 forward pass. Requests are sent back to back during the stage.
+
+    .venv/bin/python bench/weight_sync_http.py [--preset tiny|bench-0.5b] [--repeats 3]
+
+Writes bench/results/weight_sync_http.json: one row per swap with method, dtype,
+bytes_shipped, stage_s, pause_ms, out_of_service_s, verify_s, slowest_request_during_stage_s,
+unloaded_latency_s (and the worker's download seconds and parity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.processes import free_port, log  # noqa: E402
+from bench.weight_sync import (  # noqa: E402
+    PARITY_TOL,
+    SERVED_NAME,
+    LatencyProbe,
+    add_to,
+    machine,
+    random_delta,
+    start_and_time,
+    versions,
+    wait_for_memory,
+)
+from rlgw.backend_launcher import stop_backend  # noqa: E402
+from trainer.init_model import PRESETS, create_model  # noqa: E402
+from trainer.parity import reference_scores, served_scores  # noqa: E402
+from trainer.version_files import VersionFileServer, version_url  # noqa: E402
+from trainer.versions import file_sha256, version_file  # noqa: E402
+from trainer.vllm_control import VllmControl  # noqa: E402
+from trainer.weight_update.base import WeightUpdate  # noqa: E402
+from trainer.weight_update.files import DeltaFile  # noqa: E402
+from trainer.weight_update.remote import RemoteDelta  # noqa: E402
+from trainer.weights import load_reference_model  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "weight_sync_http.json"
+METHODS = ("path", "http")
+
+
+def timed_swap(
+    vllm: VllmControl, http: httpx.Client, url: str, update: WeightUpdate, reference
+) -> dict:
+    """One verified swap through the seam; the figures of a row."""
+    with LatencyProbe(url) as probe:
+        t = time.perf_counter()
+        staged = update.stage(vllm)
+        t_staged = time.perf_counter()
+    stall = probe.during(t, t_staged)
+    t_pause = time.perf_counter()
+    vllm.pause("wait")
+    update.apply(vllm)
+    vllm.reset_prefix_cache()
+    vllm.resume()
+    t_resumed = time.perf_counter()
+    served = served_scores(http, url, SERVED_NAME)
+    t_verified = time.perf_counter()
+    diff = served.max_abs_diff(reference)
+    if diff <= PARITY_TOL:
+        update.commit(vllm)
+    else:
+        vllm.pause("abort")
+        update.rollback(vllm)
+        vllm.reset_prefix_cache()
+        vllm.resume()
+    worker = (staged.detail or [{}])[0]
+    return {
+        "bytes_shipped": staged.nbytes,
+        "stage_s": t_staged - t,
+        "pause_ms": (t_resumed - t_pause) * 1000,
+        "out_of_service_s": t_verified - t_pause,
+        "verify_s": t_verified - t_resumed,
+        "slowest_request_during_stage_s": stall["max_latency_during_s"],
+        "unloaded_latency_s": stall["usual_latency_s"],
+        "download_s": (worker.get("fetch") or {}).get("seconds"),
+        "delivery": staged.note or "path",
+        "parity_max_diff": diff,
+        "parity_ok": diff <= PARITY_TOL,
+    }
+
+
+def run(args, work: Path) -> list[dict]:
+    model_dir = work / "model"
+    log(f"{args.preset}: creating the model")
+    create_model(model_dir, args.preset, seed=0, overwrite=True)
+    reference_model = load_reference_model(model_dir)
+    delta = random_delta(reference_model, seed=1234, scale=args.scale)
+    trainer_home = work / "trainer-home"
+    files = {
+        +1: version_file(trainer_home, SERVED_NAME, 1, "delta"),
+        -1: version_file(trainer_home, SERVED_NAME, 2, "delta"),
+    }
+    files[1].parent.mkdir(parents=True, exist_ok=True)
+    DeltaFile.write(delta, files[1])
+    DeltaFile.write({k: -v for k, v in delta.items()}, files[-1])
+    sums = {sign: file_sha256(path) for sign, path in files.items()}
+    token = secrets.token_urlsafe(32)
+    os.environ["RLGW_HOME"] = str(work / "backend-home")  # the backend's downloads go there
+    downloads = work / "backend-home" / "downloads"
+
+    wait_for_memory(args.min_free_gib)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    rows: list[dict] = []
+    with (
+        httpx.Client(timeout=900.0) as http,
+        VersionFileServer(trainer_home, "127.0.0.1:0", token) as server,
+    ):
+        base = f"http://{server.bound}"
+        proc, healthy_s, _ = start_and_time(model_dir, port, work / "vllm.log", http, None)
+        log(f"{args.preset}: vLLM healthy after {healthy_s:.1f}s; version files at {base}")
+        try:
+            vllm = VllmControl(http, url)
+            sign = 1
+            for i in range(args.repeats):
+                for method in METHODS:
+                    add_to(reference_model, delta, sign)
+                    reference = reference_scores(reference_model)
+                    if method == "path":
+                        update: WeightUpdate = DeltaFile(files[sign])
+                    else:
+                        # A fresh download every time: the worker keeps a verified file for a
+                        # retry of the same version, which would ship nothing here.
+                        shutil.rmtree(downloads, ignore_errors=True)
+                        version = 1 if sign > 0 else 2
+                        update = RemoteDelta(
+                            files[sign],
+                            version_url(base, SERVED_NAME, version, "delta"),
+                            sums[sign],
+                            token,
+                            offer_path=False,
+                        )
+                    row = {"method": method, "dtype": "float32", "repeat": i}
+                    row |= timed_swap(vllm, http, url, update, reference)
+                    rows.append(row)
+                    log(
+                        f"{method:>4}: shipped {row['bytes_shipped'] / 1e6:.1f} MB, stage "
+                        f"{row['stage_s']:.3f}s (download {row['download_s'] or 0:.3f}s), "
+                        f"pause {row['pause_ms']:.1f} ms, out of service "
+                        f"{row['out_of_service_s']:.3f}s, verify {row['verify_s']:.3f}s, "
+                        f"slowest request in stage {row['slowest_request_during_stage_s'] or 0:.3f}"
+                        f"s (unloaded {row['unloaded_latency_s'] or 0:.3f}s), parity "
+                        f"{row['parity_max_diff']:.1e}"
+                    )
+                    if row["parity_ok"]:
+                        sign = -sign
+                    else:
+                        add_to(reference_model, delta, -sign)  # the server rolled back
+        finally:
+            stop_backend(proc)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    keys = (
+        "bytes_shipped",
+        "stage_s",
+        "pause_ms",
+        "out_of_service_s",
+        "verify_s",
+        "slowest_request_during_stage_s",
+        "unloaded_latency_s",
+    )
+    lines = ["| method | dtype | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
+    for method in METHODS:
+        mine = [r for r in rows if r["method"] == method]
+        cells = [
+            f"{statistics.median(r[k] or 0 for r in mine):.4g}" for k in keys
+        ]  # medians over the repeats
+        lines.append(f"| {method} | {mine[0]['dtype']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scale", type=float, default=0.25, help="delta std = 0.02 * scale")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--min-free-gib", type=float, default=4.0)
+    parser.add_argument("--work", type=Path, help="where the model, files and logs go (kept)")
+    args = parser.parse_args(argv)
+    started, load_before = datetime.now(UTC), os.getloadavg()
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
+        rows = run(args, args.work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="rlgw-weight-http-") as temp:
+            rows = run(args, Path(temp))
+    report = {
+        "benchmark": "weight_sync_http",
+        "date": started.isoformat(timespec="seconds"),
+        "command": " ".join(
+            ["python bench/weight_sync_http.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "preset": args.preset,
+        "machine": machine(),
+        "load_average_1_5_15": {"start": load_before, "end": os.getloadavg()},
+        "versions": versions(),
+        "parity_tolerance": PARITY_TOL,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print()
+    print(table(rows))
+    print()
+    log(f"load average at start {load_before[0]:.1f}, at end {os.getloadavg()[0]:.1f}")
+    log(f"wrote {args.out}")
+    return 0 if all(r["parity_ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
