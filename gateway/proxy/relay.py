@@ -17,6 +17,7 @@ from ..recording.recorder import Recorder
 from .assembly import StreamAssembly
 from .call import Call, fill, ms_since
 from .fastjson import loads
+from .shaping import shown_as
 from .sse import sse_lines
 
 
@@ -85,6 +86,7 @@ class Relay:
             out.append(self.shaper.backend_error(chunk))
             return ("error", f"backend error in stream: {json.dumps(chunk['error'])[:500]}")
         call = self.call
+        shown_as(chunk, call.surface.model)
         if call.record.ttft_ms is None and chunk.get("choices"):
             ttft = ms_since(call.t0)
             for r in call.records:

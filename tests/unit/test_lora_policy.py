@@ -15,7 +15,7 @@ from trainer.distributed import DistContext
 from trainer.lora import merged
 from trainer.parity import reference_scores
 from trainer.policy import Policy
-from trainer.weight_update.lora import WEIGHTS_FILE, LoraAdapter
+from trainer.weight_update.lora import LoraAdapter
 from trainer.weights import state_dict
 
 
