@@ -261,3 +261,30 @@ def test_a_trainer_with_other_lora_settings_is_refused(env, trained):
             MODEL_NAME,
             TrainerConfig(lora_rank=2 * RANK),
         )
+
+
+def test_rlgw_up_starts_a_lora_model_in_its_recorded_mode_and_refuses_another(env, trained):
+    import argparse
+
+    from rlgw.cli.lora import lora_argv, lora_mode
+    from rlgw.cli.output import CommandError
+
+    def flags(rank=None) -> argparse.Namespace:
+        return argparse.Namespace(lora_rank=rank, lora_alpha=None, lora_targets=None)
+
+    spec = lora_mode(env.db_url, MODEL_NAME, flags())  # no flags: the recorded adapter
+    assert spec is not None and spec.rank == RANK
+    assert lora_argv(spec)[:2] == ["--lora-rank", str(RANK)]
+    with pytest.raises(CommandError, match="LoRA rank 8"):
+        lora_mode(env.db_url, MODEL_NAME, flags(2 * RANK))
+
+
+def test_rlgw_push_refuses_a_lora_model(env, trained, tmp_path):
+    from trainer.errors import BadUpdate
+    from trainer.push import push
+    from trainer.weights import write_update
+
+    path = tmp_path / "delta.safetensors"
+    write_update({"model.norm.weight": torch.zeros(64)}, path)
+    with pytest.raises(BadUpdate, match="LoRA"):
+        push(env.settings, env.db_url, MODEL_NAME, delta=path)
