@@ -165,7 +165,7 @@ def test_the_next_completion_under_the_plain_name_is_served_by_the_adapter(env, 
     assert max(abs(a - b) for a, b in zip(recorded, base, strict=True)) > 10 * TOLERANCE
 
 
-def _plan(env: Env, trainer: OnlineTrainer, update: LoraAdapter, reference) -> SwapPlan:
+def _plan(trainer: OnlineTrainer, update: LoraAdapter, reference) -> SwapPlan:
     return SwapPlan(
         model_name=MODEL_NAME,
         model_id=trainer.publisher.model.id,
@@ -205,7 +205,7 @@ def test_an_adapter_above_the_servers_max_rank_is_refused_and_traffic_stays(env,
     reference = _adapter_of_rank(env, 4 * RANK, tmp_path / "big", seed=1)
     update = LoraAdapter(tmp_path / "big", MODEL_NAME, 90)
     report = trained.publisher.coordinator.swap_backend(
-        env.backend_row(), _plan(env, trained, update, reference)
+        env.backend_row(), _plan(trained, update, reference)
     )
     assert report.outcome == "refused", report.reason
     assert "load_lora_adapter" in report.reason
@@ -220,7 +220,7 @@ def test_an_adapter_with_corrupted_weights_is_refused_and_traffic_stays(env, tra
     save_file(tensors, str(weights))
     update = LoraAdapter(tmp_path / "nan", MODEL_NAME, 91)
     report = trained.publisher.coordinator.swap_backend(
-        env.backend_row(), _plan(env, trained, update, reference)
+        env.backend_row(), _plan(trained, update, reference)
     )
     assert report.outcome == "refused" and "NaN" in report.reason
     _assert_traffic_stays_on(env, trained, update.name)
@@ -231,7 +231,7 @@ def test_an_adapter_that_fails_parity_is_rolled_back_and_unloaded(env, trained, 
     claimed = _adapter_of_rank(env, RANK, tmp_path / "claimed", seed=4)  # not what is shipped
     update = LoraAdapter(tmp_path / "served", MODEL_NAME, 92)
     report = trained.publisher.coordinator.swap_backend(
-        env.backend_row(), _plan(env, trained, update, claimed)
+        env.backend_row(), _plan(trained, update, claimed)
     )
     assert report.outcome == "rolled_back" and "parity failed" in report.reason
     _assert_traffic_stays_on(env, trained, update.name)

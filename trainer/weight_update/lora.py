@@ -1,15 +1,16 @@
 """A version as a peft LoRA adapter folder, loaded into vLLM at run time under a versioned name.
 
 The backend keeps the base weights (version 0) and serves version N as the adapter `model@vN`
-(`rlgw.adapters.served_name`), so an update never touches the served weights: `apply` loads the
-new adapter beside the old one (`POST /v1/load_lora_adapter`, which vLLM validates and preloads),
-`verify` probes it by its name, `commit` unloads the model's other adapters once the gateway may
-route to the new one, and `rollback` unloads the new one: the old one never left, so the
-rollback is exact. Every adapter holds the whole update from the base, so it installs its
-version whatever the backend served before (not relative). The server needs `--enable-lora`,
-`--max-lora-rank` at least the adapter's rank and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`
-(`rlgw/backend_launcher.py`); an adapter it cannot load is refused at `apply`, and the old one
-keeps serving.
+(`rlgw.adapters.served_name`), so an update never touches the served weights. `stage` checks the
+folder and loads it beside the served adapter (`POST /v1/load_lora_adapter`, which vLLM
+validates and preloads): nobody calls the new name until the gateway routes to it, so the load
+needs no pause, and a refusal (a rank above `--max-lora-rank`, a damaged file) leaves the backend
+as it was. `apply`, inside the pause, has nothing left to do; `verify` probes the new name;
+`commit` unloads the model's other adapters once the backend is back in routing at the new
+version; `rollback` unloads the new one: the old one never left, so the rollback is exact. Every
+adapter holds the whole update from the base, so it installs its version whatever the backend
+served before (not relative). The server needs `--enable-lora`, `--max-lora-rank` at least the
+adapter's rank and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` (`rlgw/backend_launcher.py`).
 """
 
 from __future__ import annotations
@@ -91,10 +92,12 @@ class LoraAdapter(WeightUpdate):
         problems = self.problems()
         if problems:
             raise ControlError(f"adapter {self.name} refused: {'; '.join(problems)}")
-        return Staged(self.nbytes, {"adapter": self.name, "path": self.path})
+        loaded = backend.load_lora_adapter(self.name, self.path)  # served by nobody yet
+        return Staged(self.nbytes, {"adapter": self.name, "path": self.path, "vllm": loaded})
 
     def apply(self, backend: VllmControl) -> Any:
-        return backend.load_lora_adapter(self.name, self.path)
+        """Nothing: the staged adapter serves as soon as the gateway routes to its name."""
+        return None
 
     def commit(self, backend: VllmControl) -> None:
         for other in loaded_adapters(backend, self.model_name):
