@@ -35,8 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.processes import free_port, log  # noqa: E402
+from bench.processes import log  # noqa: E402
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
+from rlgw.ports import free_port  # noqa: E402
 from trainer.init_model import PRESETS, create_model  # noqa: E402
 from trainer.parity import PROBE_TOKEN_IDS, reference_scores, served_scores  # noqa: E402
 from trainer.vllm_control import VllmControl  # noqa: E402
@@ -117,8 +118,8 @@ class LatencyProbe:
     """Short requests sent back to back from a thread: what a client of this backend sees while
     a stage runs (a worker call holds vLLM's engine loop, so requests wait for it)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, model: str = SERVED_NAME) -> None:
+        self.url, self.model = url, model
         self.spans: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -127,7 +128,7 @@ class LatencyProbe:
         with httpx.Client(timeout=900.0) as http:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
-                body = {"model": SERVED_NAME, "prompt": list(PROBE_TOKEN_IDS[:8]), "max_tokens": 2}
+                body = {"model": self.model, "prompt": list(PROBE_TOKEN_IDS[:8]), "max_tokens": 2}
                 http.post(f"{self.url}/v1/completions", json=body).raise_for_status()
                 self.spans.append((t0, time.perf_counter()))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from rlgw.adapters import max_lora_rank
 from rlgw.model_dir import TOOL_PARSERS
 from rlgw.placement import Placement, pinned_argv
 
@@ -25,6 +26,8 @@ CPU_MAX_MODEL_LEN = 2048
 AUTO = "auto"  # tool-call parser: the one of the model's family (rlgw/model_dir.py)
 DEFAULT_LOG_LEVEL = "WARNING"
 WORKER_EXTENSION = "trainer.vllm_worker.WeightUpdateExtension"
+# Adapters resident at once: the served one and the one a swap loads beside it.
+MAX_LORAS = 2
 PROGRESS_EVERY_S = 10.0
 
 
@@ -67,6 +70,7 @@ def backend_command(
     max_model_len: int | None = None,
     tool_call_parser: str | None = AUTO,
     log_level: str = DEFAULT_LOG_LEVEL,
+    lora_rank: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The vLLM server argv and the environment variables to add for it.
 
@@ -74,6 +78,8 @@ def backend_command(
     (for --dtype and --max-model-len). `max_model_len` defaults to CPU_MAX_MODEL_LEN on the CPU
     and to the model's own limit on a GPU. `tool_call_parser` "auto" takes the parser of the
     model's family (none for a family without one); None serves without tool calls.
+    `lora_rank` (a model trained with LoRA) turns on run-time adapters up to that rank (rounded
+    up to a value vLLM accepts), two resident at once (the served one and the next).
     """
     model_dir = Path(model_dir).expanduser().resolve()
     platform = _check_platform(platform) if platform else detect_platform()
@@ -103,8 +109,14 @@ def backend_command(
         argv += ["--max-model-len", str(max_model_len)]
     if worker_extension:
         argv += ["--worker-extension-cls", worker_extension]
+    if lora_rank:
+        argv += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(lora_rank))]
+        argv += ["--max-loras", str(MAX_LORAS)]
     argv += extra
-    return argv, backend_env(platform, log_level)
+    env = backend_env(platform, log_level)
+    if lora_rank:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter
+    return argv, env
 
 
 def _family_tool_parser(model_dir: Path) -> str | None:

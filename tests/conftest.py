@@ -95,8 +95,11 @@ def tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def start_vllm_servers(model_dir: Path, log_dir: Path, count: int = 1) -> list[tuple[object, str]]:
-    """Start `count` vLLM CPU servers of the model at once; wait until all are healthy and warm."""
+def start_vllm_servers(
+    model_dir: Path, log_dir: Path, count: int = 1, **launch
+) -> list[tuple[object, str]]:
+    """Start `count` vLLM CPU servers of the model at once; wait until all are healthy and warm.
+    `launch`: more arguments of `start_backend` (e.g. `lora_rank`)."""
     from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 
     started = []
@@ -104,7 +107,11 @@ def start_vllm_servers(model_dir: Path, log_dir: Path, count: int = 1) -> list[t
         for _ in range(count):
             port = free_port()
             proc = start_backend(
-                model_dir, port, served_model_name=MODEL_NAME, log_path=log_dir / f"vllm-{port}.log"
+                model_dir,
+                port,
+                served_model_name=MODEL_NAME,
+                log_path=log_dir / f"vllm-{port}.log",
+                **launch,
             )
             started.append((proc, f"http://127.0.0.1:{port}"))
         for proc, url in started:

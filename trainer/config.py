@@ -32,6 +32,10 @@ class TrainerConfig:
     dtype: str = "float32"  # bfloat16: autocast forward/backward; master weights, AdamW stay fp32
     max_tokens_per_microbatch: int = 8192  # padded tokens (samples x longest) per forward/backward
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, +~30%
+    # LoRA (docs/training.md, "LoRA"): train a peft adapter instead of every weight
+    lora_rank: int = 0  # 0: full weights; R: each version is an adapter of rank R (peft's r)
+    lora_alpha: float | None = None  # peft's lora_alpha; None: 2 * lora_rank
+    lora_targets: tuple[str, ...] | None = None  # module names; None: peft's for the family
     # weight sync
     anchor_every: int = 10  # every N-th version ships full weights instead of a delta
     seed: int = 0
@@ -48,6 +52,12 @@ class TrainerConfig:
         if self.min_sessions > self.batch_sessions:
             raise ValueError("min_sessions cannot exceed batch_sessions")
         self._check_compute()
+        if self.lora_rank < 0 or (self.lora_rank == 0 and (self.lora_alpha or self.lora_targets)):
+            raise ValueError("lora_alpha and lora_targets need lora_rank >= 1 (0: full weights)")
+        if self.lora_rank:
+            from rlgw.adapters import LoraSpec
+
+            LoraSpec(self.lora_rank, self.lora_alpha or 2.0 * self.lora_rank)  # its checks
 
     def _check_compute(self) -> None:
         if self.device not in DEVICES:

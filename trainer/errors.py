@@ -6,6 +6,8 @@
     ├── VersionConflict          another publisher recorded a version after the one this update
     │                            was built on (a push while a trainer runs, two pushes at once)
     ├── VersionFilesUnavailable  RLGW_VERSION_FILES_BIND cannot be served (malformed, in use)
+    ├── LoraMismatch             the trainer's LoRA settings (or their absence) differ from
+    │                            those the model's trained versions were made with
     └── PushError                `rlgw push` did not install the weights (also: a usage error)
         ├── BadUpdate            the weights given cannot become a version (unreadable file,
         │                        unknown names, wrong shapes, NaN); nothing was recorded
@@ -36,6 +38,10 @@ class TrainerError(RuntimeError):
 class UnknownModel(TrainerError, LookupError):
     def __init__(self, model_name: str) -> None:
         super().__init__(f"no model named {model_name!r} is registered (see `rlgw register`)")
+
+
+class LoraMismatch(TrainerError):
+    """The trainer's LoRA settings disagree with what the model's versions were trained with."""
 
 
 class DatabaseUnavailable(TrainerError):

@@ -15,6 +15,7 @@ from sqlalchemy.orm import sessionmaker
 from rlgw.db.models import RegisteredModel
 
 from .errors import TrainerError, UnknownModel, database_errors
+from .lora import merged
 from .versions import latest_version, materialize
 
 # Everything of the base directory that is not weights: tokenizer, templates, generation config.
@@ -53,7 +54,7 @@ def export_model(
         if not 0 <= version <= latest:
             raise ExportError(f"{model_name} has versions 0 to {latest}, not {version}")
         log(f"[export-model] rebuilding {model_name} version {version}")
-        weights = materialize(db, model, version)
+        weights = merged(materialize(db, model, version))  # a LoRA version: adapter merged in
         base = Path(model.path)
     if out_dir.exists() and overwrite:
         shutil.rmtree(out_dir)

@@ -5,6 +5,11 @@ which deltas, parity probes and version files are made.
 One process on the CPU trains the reference itself (one copy of the weights, as before). On a GPU,
 or with several ranks, the training copy lives on the device (FSDP2 shards when several) and the
 reference is refreshed from the gathered weights after each update, on rank 0 only.
+
+With LoRA (`config.lora_rank`) both copies are peft models: the base frozen, the adapter trained
+(AdamW over the adapter's parameters only), and the reference refreshed with the adapter alone.
+LoRA is one process only for now (FSDP2 over a peft model is not wired up): several ranks are a
+ValueError.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from .distributed import (
     load_optimizer_state,
     shard_model,
 )
+from .lora import adapter_state, copy_adapter, spec_of, with_adapter
 from .optimizer_state import NAME, load_state, restore_optimizer, save_optimizer, save_state
 from .samples import Sample
 from .update import policy_update
@@ -40,6 +46,13 @@ class Policy:
         other ranks: any model of the same architecture, their weights come from rank 0)."""
         self.config, self.dist = config, dist
         self.sharded = dist.world_size > 1
+        self.lora = spec_of(config)
+        if self.lora is not None:
+            if self.sharded:
+                raise ValueError(
+                    "LoRA trains in one process: drop --nproc (or lora_rank for FSDP2 sharding)"
+                )
+            reference = with_adapter(reference, self.lora)  # a new adapter computes the base
         shares = not self.sharded and dist.device.type == "cpu"
         self.reference = reference.eval()
         self.training = (
@@ -71,7 +84,12 @@ class Policy:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The updated weights, whole, fp32 on the CPU, on rank 0 (the reference holds them
-        after this); {} on the other ranks. A collective under torch.distributed."""
+        after this); {} on the other ranks. A collective under torch.distributed. With LoRA:
+        the adapter's tensors only."""
+        if self.lora is not None:
+            if self.training is not self.reference:
+                copy_adapter(self.training, self.reference)
+            return adapter_state(self.reference)
         if self.training is self.reference:
             return state_dict(self.reference)
         full = gather_full_state(self.training) if self.sharded else _cpu(self.training)
@@ -95,7 +113,7 @@ class Policy:
 
     def _new_optimizer(self) -> torch.optim.AdamW:
         return torch.optim.AdamW(
-            self.training.parameters(),
+            [p for p in self.training.parameters() if p.requires_grad],  # LoRA: the adapter
             lr=self.config.lr,
             betas=self.config.betas,
             weight_decay=self.config.weight_decay,

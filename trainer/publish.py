@@ -37,11 +37,19 @@ from .errors import UnknownModel, VersionConflict, VersionFilesUnavailable
 from .parity import ProbeScores, reference_scores
 from .swap.coordinator import CONTROL_TIMEOUT_S, SwapCoordinator, SwapPlan, SwapReport
 from .version_files import VersionFileServer, file_kind, version_files_token, version_url
-from .versions import file_sha256, head_version, latest_version, materialize, version_file
+from .versions import (
+    BASE_KIND,
+    file_sha256,
+    head_version,
+    latest_version,
+    materialize,
+    version_file,
+)
 from .weight_update.base import WeightUpdate
 from .weight_update.files import FileUpdate, FullFile
 from .weight_update.native_offer import native_offer
 from .weight_update.remote import VersionSource, remote
+from .weight_update.stored import stored_update
 from .weights import state_dict
 
 
@@ -51,7 +59,7 @@ class Published:
 
     version: int
     parent: int
-    update: FileUpdate
+    update: WeightUpdate  # a stored one: FileUpdate or LoraAdapter
     candidate: bool = False  # the model has a gate: the version waits for its verdict
 
 
@@ -148,13 +156,14 @@ class Publisher:
     def record(
         self,
         parent: int,
-        payload: dict[str, torch.Tensor],
-        kind: type[FileUpdate],
+        payload: Any,
+        kind: type[WeightUpdate],
         *,
         metrics: dict[str, Any] | None = None,
         rows: Callable[[Session, int], None] | None = None,
     ) -> Published:
-        """Record the next version (numbered after the newest) with its payload, built on
+        """Record the next version (numbered after the newest) with its payload (`kind.write`'s:
+        tensors for a file, the trainer's peft model for a LoRA adapter), built on
         `parent`, as the model's current version, or as its candidate when it has a gate, in one
         transaction (`rows(db, version)` adds the caller's rows to it: the trainer's ledger).
         Raises VersionConflict when `parent` is no longer the current version, or a candidate
@@ -167,7 +176,8 @@ class Publisher:
                 raise VersionConflict(model.name, parent, model.current_version)
             version = latest_version(db, model.id) + 1
             candidate = db.get(PromotionGate, model.id) is not None
-            update = kind.write(payload, version_file(self.home, model.name, version, kind.kind))
+            path = version_file(self.home, model.name, version, kind.kind)
+            update = kind.write(payload, path, model.name, version)
             db.add(
                 PolicyVersion(
                     model_id=model.id,
@@ -175,7 +185,7 @@ class Publisher:
                     parent_version=parent,
                     kind=update.kind,
                     weights_path=update.path,
-                    checksum=file_sha256(update.path),
+                    checksum=file_sha256(update.payload_file),
                     metrics={**(metrics or {}), "bytes": update.nbytes},
                     status=CANDIDATE if candidate else PROMOTED,
                 )
@@ -268,9 +278,10 @@ class Publisher:
         with self.sessions() as db:
             return materialize(db, self.model, version)
 
-    def offered(self, update: FileUpdate, version: int) -> WeightUpdate:
+    def offered(self, update: WeightUpdate, version: int) -> WeightUpdate:
         """`update` as backends get it: with a version-file server, also offered over HTTP
-        (with the version's recorded sha256) to a backend that cannot read its path."""
+        (with the version's recorded sha256) to a backend that cannot read its path; a LoRA
+        adapter's folder is not served that way (a backend loads it from a path it reads)."""
         path = Path(update.path)
         kind = file_kind(path)
         if self.source is None or kind is None:
@@ -297,12 +308,15 @@ class Publisher:
                 if b.served_version not in (version, candidate) or b.served_version is None
             ]
 
-    def _full(self, version: int, model: torch.nn.Module) -> FullFile:
-        """The full weights of `version`: its own file when it is full, else an anchor file."""
+    def _full(self, version: int, model: torch.nn.Module) -> WeightUpdate:
+        """What installs `version` from any version: its own payload when that is not relative
+        (full weights, a LoRA adapter), else an anchor file of its full weights."""
         with self.sessions() as db:
             row = db.scalar(self._row(version))
-        if row is not None and row.kind == FullFile.kind:
-            return FullFile(row.weights_path)
+        if row is not None and row.kind != BASE_KIND:
+            own = stored_update(row.kind, row.weights_path, self.model.name, version)
+            if not own.relative:
+                return own
         anchor = version_file(self.home, self.model.name, version, "anchor")
         if not anchor.exists():
             FullFile.write(state_dict(model), anchor)

@@ -77,6 +77,11 @@ def push(
         ):
             if publisher.gated():
                 raise GatedModel(model_name)
+            if publisher.model.lora:  # its backends serve adapters on the base weights
+                raise BadUpdate(
+                    f"{model_name} is trained with LoRA adapters: its versions come from the "
+                    "trainer; rlgw push installs deltas or full weights of other models only"
+                )
             parent, reference = publisher.latest()
             log(f"[push] rebuilt the reference of {model_name} version {parent}")
             expected = {k: tuple(v.shape) for k, v in state_dict(reference).items()}

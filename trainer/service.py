@@ -41,6 +41,7 @@ from .config import TrainerConfig
 from .distributed import init_distributed, is_rank0
 from .errors import VersionConflict, database_errors
 from .gate.governor import Governor
+from .lora import settle_mode, with_adapter
 from .optimizer_state import state_path
 from .parity import reference_scores
 from .policy import Policy
@@ -52,6 +53,7 @@ from .tracking import RunLog, rejected_outputs, version_scalars
 from .update import UpdateOutOfMemory
 from .versions import head_version, lineage, materialize
 from .weight_update.files import DeltaFile, FullFile
+from .weight_update.lora import LoraAdapter
 from .weights import delta, state_dict
 
 FAULT_ENV = "RLGW_TRAINER_FAULT"  # test hook: "crash-before-commit" | "crash-after-commit"
@@ -109,6 +111,8 @@ class OnlineTrainer:
                 self.instance = TrainerInstance(engine)
                 with self.sessions() as db, db.begin():
                     released = release_dead_claims(db)
+                    # LoRA or full weights: as the model's trained versions were made
+                    self.config = config = settle_mode(db, self.publisher.model, config)
                 self.version, reference = self.publisher.latest()
             base_path = self.publisher.model.path
             if released:
@@ -119,8 +123,11 @@ class OnlineTrainer:
         restored = self.policy.restore_moments(self.optimizer_path, self.version)
         if not self.rank0:
             return
-        self.served = {k: v.clone() for k, v in state_dict(self.model).items()}
+        self._remember_served()
         where = f"{self.dist.device}, {config.dtype}, {self.dist.world_size} process(es)"
+        if self.policy.lora is not None:
+            lora = self.policy.lora
+            where += f", LoRA rank {lora.rank} alpha {lora.alpha:g} on {lora.targets or 'defaults'}"
         self.log(f"[train] {restored}")
         self.log(f"[train] {model_name}: starting from version {self.version} on {where}")
         self.governor = Governor(settings, self.publisher, log=log)
@@ -141,12 +148,20 @@ class OnlineTrainer:
         The moments of the rejected or rolled-back updates are never carried over."""
         with self.sessions() as db:
             reference = materialize(db, self.publisher.model, version)
+        if self.policy.lora is not None:  # version 0 of a LoRA model: a new (zero) adapter
+            reference = with_adapter(reference, self.policy.lora)
         self._tell("reload", version)
         message = self.policy.reset_to(state_dict(reference), self.optimizer_path, version)
         self.version = version
-        self.served = {k: v.clone() for k, v in state_dict(self.model).items()}
+        self._remember_served()
         self.log(f"[train] {message}")
         self.log(f"[train] {self.model_name}: continuing from version {version}")
+
+    def _remember_served(self) -> None:
+        """Keep the served weights, which the next delta is taken against (LoRA: unneeded, an
+        adapter is never a difference)."""
+        lora = self.policy.lora is not None
+        self.served = {} if lora else {k: v.clone() for k, v in state_dict(self.model).items()}
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -265,9 +280,12 @@ class OnlineTrainer:
             _maybe_crash("crash-before-commit")
 
             anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights: no drift
-            payload, kind = (
-                (weights, FullFile) if anchor else (delta(weights, self.served), DeltaFile)
-            )
+            if self.policy.lora is not None:  # the whole adapter, saved from the reference
+                payload, kind = self.model, LoraAdapter
+            elif anchor:
+                payload, kind = weights, FullFile
+            else:
+                payload, kind = delta(weights, self.served), DeltaFile
             try:
                 published = self.publisher.record(
                     self.version,
@@ -291,7 +309,7 @@ class OnlineTrainer:
             _maybe_crash("crash-after-commit")
 
             self.version = published.version
-            self.served = {k: v.clone() for k, v in weights.items()}
+            self._remember_served()
             window.wake()
             swaps = self.publisher.push(published, self.model, reference_old=before)
         if published.candidate:  # its gate judges it before it serves all traffic

@@ -13,14 +13,16 @@ from sqlalchemy.orm import Session
 
 from rlgw.db.models import PolicyVersion, RegisteredModel
 
-from .weight_update.files import stored_update
+from .weight_update.stored import STORED_KINDS, stored_update
 from .weights import load_reference_model
 
 BASE_KIND = "base"  # the checkpoint the model was registered with (version 0)
 
 
 def version_file(home: Path, model: str, version: int, kind: str) -> Path:
-    return home / "versions" / model / f"v{version:06d}-{kind}.safetensors"
+    """Where a version's payload is kept: a safetensors file, or a LoRA adapter's folder."""
+    name = f"v{version:06d}-{kind}"
+    return home / "versions" / model / (name if kind == "lora" else f"{name}.safetensors")
 
 
 def file_sha256(path: str | Path) -> str:
@@ -77,20 +79,21 @@ def chain(db: Session, model: RegisteredModel, version: int) -> list[PolicyVersi
         if row is None:
             raise LookupError(f"{model.name} has no version {current}")
         steps.append(row)
-        if row.kind == BASE_KIND or not stored_update(row.kind, row.weights_path).relative:
+        if row.kind == BASE_KIND or not STORED_KINDS[row.kind].relative:
             break
         current = row.parent_version
     return steps[::-1]
 
 
 def materialize(db: Session, model: RegisteredModel, version: int) -> torch.nn.Module:
-    """The reference model (transformers, fp32) of one version."""
+    """The reference model (transformers, fp32) of one version; a LoRA version's is a peft
+    model (its base with the version's adapter, trainable: `trainer.lora.merged` merges it)."""
     steps = chain(db, model, version)
     if not model.path:  # a full file still needs the checkpoint for the architecture
         raise LookupError(f"{model.name} has no base checkpoint path on record")
     reference = load_reference_model(model.path)
     for step in steps:
         if step.kind != BASE_KIND:
-            update = stored_update(step.kind, step.weights_path)
-            update.apply_to(reference, update.tensors())
+            update = stored_update(step.kind, step.weights_path, model.name, step.version)
+            reference = update.load_onto(reference)
     return reference

@@ -56,6 +56,19 @@ class VllmControl:
     def set_weight_version(self, label: str) -> None:
         self._post("/update_weight_version", json={"new_version": label})
 
+    def served_models(self) -> list[str]:
+        """The names the server answers to: its model and every LoRA adapter loaded."""
+        reply = self.http.get(self.url + "/v1/models")
+        reply.raise_for_status()
+        return [str(m.get("id")) for m in reply.json().get("data", []) if isinstance(m, dict)]
+
+    def load_lora_adapter(self, name: str, path: str) -> str:
+        """Load (vLLM validates and preloads it) the peft adapter at `path` as model `name`."""
+        return self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}).text
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", json={"lora_name": name})
+
     def requests_in_flight(self) -> float:
         """Running plus waiting requests, from vLLM's Prometheus metrics."""
         reply = self.http.get(self.url + "/metrics")

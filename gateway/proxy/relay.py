@@ -18,6 +18,7 @@ from .assembly import StreamAssembly
 from .call import Call, fill, ms_since
 from .echo import EchoStream
 from .fastjson import loads
+from .shaping import shown_as
 from .sse import sse_lines
 
 
@@ -87,6 +88,7 @@ class Relay:
             out.append(self.shaper.backend_error(chunk))
             return ("error", f"backend error in stream: {json.dumps(chunk['error'])[:500]}")
         call = self.call
+        shown_as(chunk, call.surface.model)
         if call.record.ttft_ms is None and chunk.get("choices"):
             ttft = ms_since(call.t0)
             for r in call.records:

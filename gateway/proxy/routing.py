@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from rlgw.adapters import served_name
 from rlgw.db.models import Backend, RegisteredModel
 from rlgw.eligibility import CROSSED_SWAP, NOT_FOLLOWING
 
@@ -49,6 +50,7 @@ class BackendView:
     state: str
     served_version: int | None
     swap_epoch: int
+    lora: bool = False  # the model is trained with LoRA: its versions are adapters
     in_flight: int = 0
     unreachable_reason: str | None = None
     heard: deque[Heard] = field(default_factory=lambda: deque(maxlen=HEARD_KEPT))
@@ -63,6 +65,11 @@ class BackendView:
         self.state, self.served_version, self.swap_epoch = state, served_version, swap_epoch
         if changed or not self.heard:
             self.heard.append(Heard(state, served_version, swap_epoch, time.time()))
+
+    @property
+    def served_name(self) -> str:
+        """The model name its version is served under (a LoRA version: its adapter)."""
+        return served_name(self.model, self.served_version, lora=self.lora)
 
     @property
     def in_service(self) -> bool:
@@ -80,12 +87,14 @@ class BackendView:
 
 @dataclass(frozen=True)
 class Lease:
-    """A backend chosen for one request, and the policy version it serves for the request's life."""
+    """A backend chosen for one request, and the policy version it serves for the request's life
+    (under `served_name`: the model's name, or the adapter of its version)."""
 
     backend_id: int
     url: str
     served_version: int
     swap_epoch: int
+    served_name: str
 
 
 @dataclass
@@ -107,7 +116,7 @@ class BackendPool:
         async with self.sessions() as db:
             rows = (
                 await db.execute(
-                    select(Backend, RegisteredModel.name).join(
+                    select(Backend, RegisteredModel.name, RegisteredModel.lora).join(
                         RegisteredModel, Backend.model_id == RegisteredModel.id
                     )
                 )
@@ -115,7 +124,7 @@ class BackendPool:
             versions = await read_rules(db)
         self.versions = versions
         seen = set()
-        for backend, model_name in rows:
+        for backend, model_name, lora in rows:
             seen.add(backend.id)
             view = self._by_id.get(backend.id)
             if view is None:
@@ -131,6 +140,7 @@ class BackendPool:
                 if view.url != backend.url:  # another server now: its health is unknown
                     view.unreachable_reason = None
                 view.model, view.url = model_name, backend.url
+            view.lora = lora is not None
             view.hear(backend.state, backend.served_version, backend.swap_epoch)
         for gone in set(self._by_id) - seen:
             del self._by_id[gone]
@@ -194,7 +204,7 @@ class BackendPool:
         view.in_flight += 1
         try:
             assert view.served_version is not None
-            yield Lease(view.id, view.url, view.served_version, view.swap_epoch)
+            yield Lease(view.id, view.url, view.served_version, view.swap_epoch, view.served_name)
         finally:
             view.in_flight -= 1
 

@@ -24,7 +24,7 @@ from .fastjson import FastJSONResponse, loads
 from .relay import RecordedStream, Relay
 from .routing import BackendPool, Lease
 from .session_binding import implicit_session_id, open_session
-from .shaping import CHAT, COMPLETIONS, choices_by_index, extract_choices, sibling_id
+from .shaping import CHAT, COMPLETIONS, choices_by_index, extract_choices, shown_as, sibling_id
 from .surface import Surface, backend_error_message
 
 log = logging.getLogger("rlgw.proxy")
@@ -184,7 +184,8 @@ class ProxyService:
         surface = call.surface
 
         def post(lease: Lease) -> Awaitable[httpx.Response]:
-            request = self._http.post(lease.url + _PATHS[surface.wire], json=surface.upstream())
+            body = surface.upstream(lease.served_name)
+            request = self._http.post(lease.url + _PATHS[surface.wire], json=body)
             return unless_client_leaves(request, receive)
 
         try:
@@ -207,6 +208,7 @@ class ProxyService:
             payload = loads(reply.content)
             if not isinstance(payload, dict):
                 raise ValueError("not an object")
+            shown_as(payload, surface.model)
         except ValueError:
             await self._record_failure(call, f"backend sent invalid JSON: {reply.text[:200]!r}")
             raise APIError(502, "the backend sent an invalid reply", code="backend_error") from None
@@ -230,7 +232,8 @@ class ProxyService:
 
         def send(lease: Lease) -> Awaitable[httpx.Response]:
             url = lease.url + _PATHS[surface.wire]
-            request = self._http.build_request("POST", url, json=surface.upstream())
+            body = surface.upstream(lease.served_name)
+            request = self._http.build_request("POST", url, json=body)
             return self._http.send(request, stream=True)
 
         try:

@@ -52,6 +52,13 @@ def upstream_body(api: str, body: dict[str, Any]) -> dict[str, Any]:
     return up
 
 
+def shown_as(payload: dict[str, Any], model: str) -> None:
+    """A backend reply (or stream chunk) names the model the client asked for, not the name the
+    backend served it under (a LoRA adapter's `model@vN`)."""
+    if "model" in payload:
+        payload["model"] = model
+
+
 def make_visible(
     api: str,
     payload: dict[str, Any],

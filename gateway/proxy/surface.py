@@ -109,9 +109,13 @@ class Surface:
     def model(self) -> str:
         return self.wire_body["model"]
 
-    def upstream(self) -> dict[str, Any]:
-        """The body sent to the backend."""
-        return upstream_body(self.wire, self.wire_body)
+    def upstream(self, served_name: str | None = None) -> dict[str, Any]:
+        """The body sent to the backend: under `served_name` when the backend serves the model's
+        version under another name (a LoRA adapter, `model@vN`)."""
+        body = upstream_body(self.wire, self.wire_body)
+        if served_name is not None:
+            body["model"] = served_name
+        return body
 
     def reply(self, payload: dict[str, Any], record_id: str) -> tuple[dict, list[dict]]:
         """The client's reply to a whole backend reply, and each choice's stored response."""

@@ -6,7 +6,7 @@ that opened them, and the ledger the key of each consumed session (provenance)
 key, or with auth off): they follow their tenant's consent alone, as before.
 
 Revision ID: 0013
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-02
 """
 
@@ -17,7 +17,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0013"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 

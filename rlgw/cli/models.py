@@ -88,6 +88,7 @@ def cmd_backend(args: argparse.Namespace) -> int:
         platform=args.platform,
         dtype=args.dtype,
         tool_call_parser=tool_parser_arg(args.tool_call_parser),
+        lora_rank=args.max_lora_rank,
     )
 
 
@@ -144,4 +145,12 @@ def add_commands(add) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--name", default=None, help="served model name (default: directory name)")
     p.add_argument("--platform", choices=["cpu", "gpu"], default=None, help="default: detect")
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="for a model trained with LoRA (rlgw train --lora-rank R): serve run-time adapters "
+        "up to rank R (--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING)",
+    )
     add_model_flags(p)

@@ -33,6 +33,8 @@ TRAIN_FLAGS: dict[str, type] = {
     "device": str,
     "dtype": str,
     "max_tokens_per_microbatch": int,
+    "lora_rank": int,
+    "lora_alpha": float,
 }
 
 
@@ -46,6 +48,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     settings = Settings()
     given = {k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None}
+    if args.lora_targets:
+        given["lora_targets"] = tuple(args.lora_targets.split(","))
+    if args.lora_rank and args.nproc > 1:
+        raise CommandError(
+            "--lora-rank trains in one process: drop --nproc (FSDP2 over adapters is not "
+            "supported yet)",
+            code=2,
+        )
     try:
         config = TrainerConfig(**given, gradient_checkpointing=args.gradient_checkpointing)
     except ValueError as exc:  # the config says what to set instead
@@ -101,13 +111,14 @@ def trainer_errors() -> Iterator[None]:
     """The trainer's expected failures (trainer/errors.py) as one line: a wrong model name, bad
     weights, a version that does not exist or a push past a promotion gate are usage errors
     (exit 2), the rest exit 1."""
-    from trainer.errors import BadUpdate, GatedModel, TrainerError, UnknownModel
+    from trainer.errors import BadUpdate, GatedModel, LoraMismatch, TrainerError, UnknownModel
     from trainer.export_model import ExportError
 
     try:
         yield
     except TrainerError as exc:
-        code = 2 if isinstance(exc, UnknownModel | BadUpdate | ExportError | GatedModel) else 1
+        usage = UnknownModel | BadUpdate | ExportError | GatedModel | LoraMismatch
+        code = 2 if isinstance(exc, usage) else 1
         raise CommandError(str(exc), code=code) from None
 
 
@@ -154,6 +165,14 @@ def add_commands(add) -> None:
             default=None,
             help=f"TrainerConfig.{flag} (see trainer/config.py)",
         )
+    p.add_argument(
+        "--lora-targets",
+        default=None,
+        metavar="NAMES",
+        help="with --lora-rank: comma-separated module names to adapt, e.g. "
+        "q_proj,k_proj,v_proj,o_proj (default: peft's for the family: q_proj,v_proj for "
+        "Qwen2 and Llama)",
+    )
     p.add_argument(
         "--wandb",
         default=None,

@@ -16,6 +16,7 @@ from rlgw.placement import Placement, pinned_argv
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
 
+from .lora import add_lora_flags, lora_argv, lora_mode
 from .models import PRESETS, add_model_flags, preset_model, tool_parser_arg, user_model
 from .output import info
 from .placement import add_placement_flags, placement_argv, placement_from
@@ -66,10 +67,11 @@ def run_up(
     dtype: str | None = None,
     tool_call_parser: str | None = AUTO,
     placement: Placement | None = None,
+    lora: argparse.Namespace | None = None,
 ) -> int:
     """`model_dir` (the user's checkpoint) or else a preset; the backend serves it in `dtype`
     (default: float32 on the CPU, bfloat16 on a GPU); `placement` says where the backend and
-    the trainer run (rlgw/placement.py)."""
+    the trainer run (rlgw/placement.py); `lora` (the --lora-* flags) trains adapters."""
     placement = placement or Placement()
     _exit_on_sigterm()
     if model_dir is not None:
@@ -80,6 +82,9 @@ def run_up(
     upgrade(url)
     if model_dir is None:
         model_dir, model = preset_model(settings, preset, seed)
+    spec = lora_mode(url, model, lora) if lora is not None else None
+    if spec is not None:
+        info(f"[rlgw] {model} trains LoRA adapters (rank {spec.rank}, alpha {spec.alpha:g})")
     log_path = settings.home / "logs" / f"vllm-{backend_port}.log"
     info(f"[rlgw] starting vLLM on port {backend_port} (log: {log_path}); {placement.describe()}")
     backend = start_backend(
@@ -90,6 +95,7 @@ def run_up(
         dtype=dtype,
         tool_call_parser=tool_call_parser,
         placement=placement,
+        lora_rank=spec.rank if spec else None,
     )
     try:
         backend_url = f"http://127.0.0.1:{backend_port}"
@@ -103,7 +109,7 @@ def run_up(
             allowlist=settings.backend_allowlist,
         )
         engine.dispose()
-        trainer = start_trainer(settings, model, placement)
+        trainer = start_trainer(settings, model, placement, lora_argv(spec))
         info(_banner(settings, model))
         try:
             run_gateway(settings)
@@ -116,7 +122,9 @@ def run_up(
     return 0
 
 
-def start_trainer(settings: Settings, model: str, placement: Placement) -> subprocess.Popen:
+def start_trainer(
+    settings: Settings, model: str, placement: Placement, extra: list[str] | None = None
+) -> subprocess.Popen:
     """`rlgw train --model M` with this placement, in its own process group (pinned from birth
     when separated), logging under <home>/logs; told where the gateway listens (a promotion gate
     evaluates new versions through it)."""
@@ -127,7 +135,8 @@ def start_trainer(settings: Settings, model: str, placement: Placement) -> subpr
         return subprocess.Popen(
             pinned_argv(
                 [sys.executable, "-m", "rlgw.cli", "train", "--model", model]
-                + placement_argv(placement),
+                + placement_argv(placement)
+                + (extra or []),
                 placement.cpus("trainer"),
             ),
             stdout=log,
@@ -149,6 +158,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         tool_call_parser=tool_parser_arg(args.tool_call_parser),
         placement=placement_from(args),
+        lora=args,
     )
 
 
@@ -175,3 +185,4 @@ def add_commands(add) -> None:
     p.add_argument("--seed", type=int, default=0, help="without --model: the preset's seed")
     add_model_flags(p)
     add_placement_flags(p)
+    add_lora_flags(p)

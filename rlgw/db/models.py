@@ -66,6 +66,11 @@ class RegisteredModel(Base):
     canary_started_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), comment="sessions created since may be pinned to the candidate"
     )
+    lora: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONB,
+        comment="LoRA training: {rank, alpha, targets}; versions are adapters served as name@vN. "
+        "Null: full-weight training",
+    )
     created_at: Mapped[datetime] = _now()
 
 
@@ -111,7 +116,7 @@ class PolicyVersion(Base):
     version: Mapped[int] = mapped_column(Integer)
     parent_version: Mapped[int | None] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(
-        String(16), default="base", server_default="base", comment="base|delta|full"
+        String(16), default="base", server_default="base", comment="base|delta|full|lora"
     )
     weights_path: Mapped[str | None] = mapped_column(Text)
     checksum: Mapped[str | None] = mapped_column(String(128))

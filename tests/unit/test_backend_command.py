@@ -59,3 +59,12 @@ def test_the_tool_call_parser_follows_the_model_family_or_the_flag(tmp_path: Pat
     assert "--tool-call-parser" not in unknown and "--enable-auto-tool-choice" not in unknown
     off, _ = backend_command(_model(tmp_path), 8100, platform="cpu", tool_call_parser=None)
     assert "--enable-auto-tool-choice" not in off
+
+
+def test_a_lora_model_gets_run_time_adapters_up_to_an_accepted_rank(tmp_path: Path) -> None:
+    argv, env = backend_command(_model(tmp_path), 8100, platform="cpu", lora_rank=12)
+    assert "--enable-lora" in argv and _value(argv, "--max-lora-rank") == "16"
+    assert _value(argv, "--max-loras") == "2"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    plain, plain_env = backend_command(_model(tmp_path), 8100, platform="cpu")
+    assert "--enable-lora" not in plain and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain_env

@@ -21,7 +21,7 @@ from ..parity import ProbeScores, reference_scores
 from ..publish import Published, Publisher
 from ..swap.coordinator import SwapReport
 from ..versions import materialize
-from ..weight_update.files import stored_update
+from ..weight_update.stored import stored_update
 
 ACTOR = "gate"
 
@@ -108,7 +108,11 @@ class Verdicts:
             model = model or materialize(db, self.publisher.model, version)
             if reference_old is None:
                 reference_old = reference_scores(materialize(db, self.publisher.model, parent))
-        published = Published(version, parent, stored_update(row.kind, row.weights_path))
+        published = Published(
+            version,
+            parent,
+            stored_update(row.kind, row.weights_path, self.publisher.model.name, version),
+        )
         rest = [
             b
             for b in self.publisher.coordinator.backends(self.model_id)

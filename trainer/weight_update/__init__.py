@@ -2,12 +2,16 @@
 
 from .base import Staged, WeightUpdate
 from .files import FILE_KINDS, DeltaFile, FileUpdate, FullFile, stored_update
+from .lora import LoraAdapter
+from .stored import STORED_KINDS
 
 __all__ = [
     "FILE_KINDS",
     "DeltaFile",
     "FileUpdate",
     "FullFile",
+    "LoraAdapter",
+    "STORED_KINDS",
     "Staged",
     "WeightUpdate",
     "stored_update",

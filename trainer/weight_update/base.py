@@ -25,20 +25,15 @@ Any transport error (`httpx.HTTPError`) from stage is a refusal too (stage touch
 from apply, commit or rollback it leaves the weights unknown, and the backend `failed`.
 
 Implementations: `files.py` (`DeltaFile`, `FullFile`: safetensors in HF naming, read from a path
-by the project's worker extension) and `remote.py` (`RemoteDelta`, `RemoteFull`: the same files,
-fetched over HTTP by a backend that cannot read the path; below). The next ones fit without
-touching the coordinator:
+by the project's worker extension), `remote.py` (`RemoteDelta`, `RemoteFull`: the same files,
+fetched over HTTP by a backend that cannot read the path) and `lora.py` (`LoraAdapter(adapter_dir,
+model, version)`, kind "lora", not relative: a peft adapter folder loaded with
+`/v1/load_lora_adapter` under the versioned name `served_name(model, version)`, `"tiny@v3"`, the
+base name for version 0, at stage, outside the pause: nobody calls that name until routing moves
+to it, so `apply` has nothing left to do; `commit` unloads the model's other adapters, `rollback`
+the new one; the gateway sends a LoRA model's traffic under its backend's served name,
+`rlgw/adapters.py`):
 
-- **LoRA adapter** (`LoraAdapter(adapter_dir)`, kind "lora", not relative: an adapter replaces
-  the previous one on the same base weights, whatever version the backend served). The server
-  runs with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`. `stage` checks the peft
-  folder (config, rank within `--max-lora-rank`) and sends nothing; `apply` is
-  `POST /v1/load_lora_adapter {"lora_name": served_name(model, version), "lora_path": dir}` (19 ms
-  for the tiny model on the CPU build); `served_name` is the versioned adapter name
-  (`"tiny@v3"`; the base name for version 0), so `verify` probes the adapter the new version is
-  served under, and after a rollback the old version's name; `commit` unloads the previous
-  version's adapter, `rollback` unloads the new one (the old one never left: exact). The gateway
-  then sends a model's traffic under its served version's `served_name`, a routing change.
 - **Files over HTTP** (done: `remote.py`, `RemoteDelta`/`RemoteFull(path, url, sha256, token)`,
   the file updates with another stage, for a backend on another host). `rlgw_stage_url` makes
   the worker read the trainer's path when that file is on its host with the version's sha256,
@@ -90,7 +85,7 @@ class WeightUpdate(ABC):
     """One version's weights for one backend, in one method: stage -> apply -> verify ->
     commit | rollback. Shared by every backend of a plan, so it keeps no per-backend state."""
 
-    kind: ClassVar[str]  # what it ships: "delta", "full" (later "lora", "nccl")
+    kind: ClassVar[str]  # what it ships: "delta", "full", "lora" (later "nccl")
     relative: ClassVar[bool]  # True: applies only to a backend serving the plan's parent version
 
     @property

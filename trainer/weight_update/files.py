@@ -26,7 +26,9 @@ class FileUpdate(WeightUpdate):
         return f"{type(self).__name__}({self.path!r})"
 
     @classmethod
-    def write(cls, tensors: dict[str, torch.Tensor], path: str | Path) -> Self:
+    def write(cls, tensors: dict[str, torch.Tensor], path: str | Path, *_version: object) -> Self:
+        """Write `tensors` at `path` (the model name and version a stored update may take are
+        not part of a file's)."""
         write_update(tensors, path)
         return cls(path)
 
@@ -34,8 +36,18 @@ class FileUpdate(WeightUpdate):
     def nbytes(self) -> int:
         return Path(self.path).stat().st_size
 
+    @property
+    def payload_file(self) -> Path:
+        """The file the version's checksum is taken of."""
+        return Path(self.path)
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return read_update(self.path)
+
+    def load_onto(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` (the parent version's reference) with this update applied, in place."""
+        self.apply_to(model, self.tensors())
+        return model
 
     @classmethod
     def problems(

@@ -1,0 +1,108 @@
+"""LoRA on the trainer's side (peft): wrap a model with the adapter being trained, read a stored
+adapter back onto its base, merge one into full weights, and settle a model's training mode.
+
+The base weights stay frozen (version 0's, on every backend); only the adapter's A and B
+matrices are trained, and each version stores the whole adapter (not a difference), so any
+version is its base plus one adapter folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from sqlalchemy.orm import Session
+
+from rlgw.adapters import LoraSpec
+from rlgw.db.models import RegisteredModel
+
+from .config import TrainerConfig
+from .errors import LoraMismatch
+from .versions import latest_version
+
+
+def is_adapted(model: torch.nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def with_adapter(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
+    """`model` with a new adapter of `spec` (B = 0: it computes what the base does), or `model`
+    itself when it already carries one."""
+    if is_adapted(model):
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        target_modules=list(spec.targets) if spec.targets else None,
+        lora_dropout=0.0,  # the objective's log-probs must be the served ones: no dropout
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def load_adapter(model: torch.nn.Module, adapter_dir: str | Path) -> torch.nn.Module:
+    """The base `model` with the stored adapter on top, trainable (a version's reference)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True).eval()
+
+
+def merged(model: torch.nn.Module) -> torch.nn.Module:
+    """Plain transformers weights: an adapted model's adapter merged into its base."""
+    return model.merge_and_unload() if is_adapted(model) else model
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable adapter tensors, by parameter name."""
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@torch.no_grad()
+def copy_adapter(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Copy the adapter of `source` (on any device) into `target` of the same config."""
+    params = dict(target.named_parameters())
+    for name, value in adapter_state(source).items():
+        params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+
+def spec_of(config: TrainerConfig) -> LoraSpec | None:
+    if not config.lora_rank:
+        return None
+    targets = tuple(config.lora_targets) if config.lora_targets else None
+    return LoraSpec(config.lora_rank, config.lora_alpha or 2.0 * config.lora_rank, targets)
+
+
+def settle_mode(db: Session, model: RegisteredModel, config: TrainerConfig) -> TrainerConfig:
+    """The config to train `model` with, agreed with the mode it records (`models.lora`, in the
+    caller's transaction): a model without trained versions takes the trainer's mode; one with
+    them keeps its own (a trainer without LoRA flags adopts its adapter settings; other flags
+    are a LoraMismatch). A model's mode never changes once it has trained versions: a
+    full-weight version and an adapter cannot be stacked on the same backend."""
+    row = db.get(RegisteredModel, model.id, with_for_update=True)
+    recorded = LoraSpec.from_json(row.lora)
+    wanted = spec_of(config)
+    trained = latest_version(db, model.id) > 0
+    if recorded == wanted:
+        return config
+    if not trained:
+        row.lora = wanted.as_json() if wanted else None
+        model.lora = row.lora
+        return config
+    if recorded is not None and wanted is None:
+        return dataclasses.replace(
+            config,
+            lora_rank=recorded.rank,
+            lora_alpha=recorded.alpha,
+            lora_targets=recorded.targets,
+        )
+    have = f"LoRA rank {recorded.rank}, alpha {recorded.alpha:g}" if recorded else "full weights"
+    raise LoraMismatch(
+        f"{model.name} has trained versions made with {have}; train it with the same settings "
+        "(or register the checkpoint as a new model)"
+    )
