@@ -46,7 +46,7 @@ from .versions import (
     version_file,
 )
 from .weight_update.base import WeightUpdate
-from .weight_update.files import FileUpdate, FullFile
+from .weight_update.files import FullFile
 from .weight_update.native_offer import native_offer
 from .weight_update.remote import VersionSource, remote
 from .weight_update.stored import stored_update
