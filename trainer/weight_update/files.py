@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any, Self
@@ -14,6 +15,8 @@ from trainer.vllm_worker import validate_update
 from trainer.weights import apply_delta, load_full, read_update, write_update
 
 from .base import Staged, WeightUpdate
+
+STAGE_POLL_S = 0.05  # between two status calls while a backend stages
 
 
 class FileUpdate(WeightUpdate):
@@ -51,7 +54,12 @@ class FileUpdate(WeightUpdate):
 
     # ------------------------------------------------------------------ the seam
     def stage(self, backend: VllmControl) -> Staged:
+        # The worker stages in a background thread and answers "running" at once; the backend
+        # keeps serving meanwhile, and a status call (a quick worker call) tells when it is done.
         staged = backend.rpc("rlgw_stage", path=self.path, kind=self.kind)
+        while any(isinstance(r, dict) and r.get("running") for r in staged):
+            time.sleep(STAGE_POLL_S)
+            staged = backend.rpc("rlgw_stage_status")
         nbytes = sum(r.get("bytes", 0) for r in staged if isinstance(r, dict))
         return Staged(nbytes, staged)
 
