@@ -51,7 +51,7 @@ def test_a_swap_that_changed_nothing_is_refused():
     assert not verdict.accepted and "> 0.009" in verdict.reason
 
 
-def test_a_half_applied_swap_is_refused_even_under_a_wide_band():
+def test_scores_halfway_between_the_versions_are_refused_even_under_a_wide_band():
     verdict = judge(halfway(OLD, NEW), NEW, OLD, tolerance=LOW_PRECISION_CEILING * 10)
     assert not verdict.accepted and "not clearly the new version" in verdict.reason
 

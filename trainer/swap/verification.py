@@ -21,9 +21,11 @@ sep = max |new reference - old reference|. Why these numbers:
   two versions.
 - MARGIN_FRACTION 0.5: a correct swap has d_old >= sep - d_new (triangle inequality), so it
   clears the margin whenever d_new <= sep / 4; a swap that changed nothing has d_old - d_new
-  ~ -sep and one that applied half the tensors sits near the middle, d_old - d_new ~ 0: both are
-  refused, whatever the band. Below sep = tolerance the probe cannot tell the versions apart
-  and the band alone decides (a step too small to see on the probe).
+  ~ -sep and is refused whatever the band. A half-applied one lands somewhere between the two
+  versions, where exactly depends on which half: near the middle the margin refuses it, nearer
+  the new version the band does (the tiny model with every other tensor: d_new 2.5e-2 against a
+  bf16 band of 6.4e-3, d_old 0.17). Below sep = tolerance the probe cannot tell the versions
+  apart and the band alone decides (a step too small to see on the probe).
 - LOW_PRECISION_CEILING 2e-2 (~8x the bf16 noise measured here): the band follows the last
   measurement, so without a cap a slowly drifting backend could widen it swap after swap.
 
