@@ -60,10 +60,7 @@ class Bf16Backend:
     def swap(self, path: Path, intended: dict[str, torch.Tensor]) -> SwapReport:
         """Swap to the next version, whose trainer-side weights are the current ones plus
         `intended`, by shipping the file at `path` (which may not hold `intended`)."""
-        with Session(self.engine) as db:
-            model_id = db.scalar(
-                select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME)
-            )
+        model_id = self.model_id()
         version = len(self.applied)
         plan = SwapPlan(
             model_name=MODEL_NAME,
@@ -80,13 +77,13 @@ class Bf16Backend:
             self.applied.append(intended)
         return report
 
+    def model_id(self) -> int:
+        with Session(self.engine) as db:
+            return db.scalar(select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME))
+
     def state(self) -> tuple[str, int | None]:
         """The backend's routing state and served version in the registry."""
-        with Session(self.engine) as db:
-            model_id = db.scalar(
-                select(RegisteredModel.id).where(RegisteredModel.name == MODEL_NAME)
-            )
-        (backend,) = self.coordinator.backends(model_id)
+        (backend,) = self.coordinator.backends(self.model_id())
         return backend.state, backend.served_version
 
 
@@ -203,3 +200,28 @@ def test_a_request_sent_while_a_stage_runs_is_served_before_the_stage_ends(bf16,
     # The same update, staged again by the coordinator, applies as usual.
     report = bf16.swap(path, delta)
     assert report.outcome == "swapped", report.reason
+
+
+def test_a_backend_already_far_from_its_reference_is_refused_before_staging(bf16, tmp_path):
+    """A coordinator meeting the backend for the first time measures its noise against the old
+    reference; one beyond the ceiling (here: the reference of other weights) is not swapped."""
+    delta = random_delta(bf16.model_dir, seed=27)
+    path = write_delta(delta, tmp_path / "d.safetensors")
+    checksum = bf16.control.rpc("rlgw_checksum")
+    fresh = SwapCoordinator(bf16.engine, drain_timeout_s=5, parity_tolerance=FP32_TOLERANCE)
+    (backend,) = fresh.backends(bf16.model_id())
+    version = len(bf16.applied)
+    plan = SwapPlan(
+        model_name=MODEL_NAME,
+        model_id=backend.model_id,
+        parent_version=version,
+        new_version=version + 1,
+        update=DeltaFile(path),
+        reference_new=bf16.reference(delta),
+        reference_old=bf16.reference(random_delta(bf16.model_dir, seed=28)),  # not what it serves
+    )
+    report = fresh.swap_backend(backend, plan)
+    assert report.outcome == "refused" and "away from its reference" in report.reason
+    assert "stage" not in report.steps  # nothing was shipped
+    assert bf16.control.rpc("rlgw_checksum") == checksum
+    assert bf16.state() == ("active", version)
