@@ -52,7 +52,7 @@ def test_a_swap_that_changed_nothing_is_refused():
 
 
 def test_scores_halfway_between_the_versions_are_refused_even_under_a_wide_band():
-    verdict = judge(halfway(OLD, NEW), NEW, OLD, tolerance=LOW_PRECISION_CEILING * 10)
+    verdict = judge(halfway(OLD, NEW), NEW, OLD, tolerance=0.2)  # wide, below the 0.3 apart
     assert not verdict.accepted and "not clearly the new version" in verdict.reason
 
 
