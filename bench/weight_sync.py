@@ -137,6 +137,19 @@ def first_request(http: httpx.Client, url: str) -> None:
     reply.raise_for_status()
 
 
+PROBE_REQUEST = {"model": SERVED_NAME, "prompt": list(PROBE_TOKEN_IDS[:8]), "max_tokens": 2}
+
+
+def unloaded_latency(http: httpx.Client, url: str, count: int = 5) -> float:
+    """Median seconds of a 2-token request to the idle backend (one at a time, nothing else)."""
+    spans = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        http.post(f"{url}/v1/completions", json=PROBE_REQUEST).raise_for_status()
+        spans.append(time.perf_counter() - t0)
+    return statistics.median(spans)
+
+
 class LatencyProbe:
     """Short requests sent back to back from a thread: what a client of this backend sees while
     a stage runs (the worker stages in a background thread; before, a stage held vLLM's engine
@@ -152,8 +165,7 @@ class LatencyProbe:
         with httpx.Client(timeout=900.0) as http:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
-                body = {"model": SERVED_NAME, "prompt": list(PROBE_TOKEN_IDS[:8]), "max_tokens": 2}
-                http.post(f"{self.url}/v1/completions", json=body).raise_for_status()
+                http.post(f"{self.url}/v1/completions", json=PROBE_REQUEST).raise_for_status()
                 self.spans.append((t0, time.perf_counter()))
 
     def __enter__(self) -> LatencyProbe:
@@ -385,6 +397,7 @@ def bench_dtype(
         # The coordinator's first measurement of a backend: its noise on what it serves now.
         noise = served_scores(http, url, SERVED_NAME).max_abs_diff(current)
         result["base_parity_max_diff"] = noise
+        result["unloaded_latency_s"] = unloaded_latency(http, url)
         result["server_rss_gib_before_swaps"] = group_rss_gib(proc.pid)
         log(f"{preset} {dtype}: base weights parity {noise:.2e}")
         for i in range(args.repeats):
@@ -468,8 +481,7 @@ def log_swap(label: str, swap: dict) -> None:
         f"{swap['parity_max_diff']:.2e} (old {swap['parity_old_diff']:.2e}, band "
         f"{swap['tolerance']:.1e}: {'accepted' if swap['parity_ok'] else 'refused'})  "
         f"slowest request during stage "
-        f"{swap['stage_stall']['max_latency_during_s'] or 0:.3f}s (unloaded "
-        f"{swap['stage_stall']['usual_latency_s'] or 0:.3f}s)  server RSS "
+        f"{swap['stage_stall']['max_latency_during_s'] or 0:.3f}s  server RSS "
         + " / ".join(f"{v:.2f}" for v in swap["server_rss_gib"].values())
         + " GiB (staged / applied / committed)"
     )
@@ -521,11 +533,10 @@ def summarise(result: dict) -> None:
     def stat(values: list[float]) -> dict:
         return {"median": statistics.median(values), "max": max(values)}
 
-    usual = [s["stage_stall"]["usual_latency_s"] for s in swaps]
     result["summary"] = {
         "stage_s": stat([s["steps"]["stage"] for s in swaps]),
         "stage_stall_s": stat([s["stage_stall"]["max_latency_during_s"] or 0.0 for s in swaps]),
-        "unloaded_latency_s": statistics.median(u for u in usual if u is not None),
+        "unloaded_latency_s": result["unloaded_latency_s"],
         "apply_s": stat([s["steps"]["apply"] for s in swaps]),
         "pause_window_s": stat([s["pause_window_s"] for s in swaps]),
         "out_of_service_s": stat([s["out_of_service_s"] for s in swaps]),
