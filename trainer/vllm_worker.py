@@ -4,10 +4,12 @@ Loaded with `--worker-extension-cls trainer.vllm_worker.WeightUpdateExtension`; 
 called over vLLM's `/collective_rpc` (string arguments only, JSON-able results). An update is done
 in three calls so that only the middle one happens while the server is paused:
 
-    rlgw_stage(path, kind)   read and validate the file, and prepare the new weights
+    rlgw_stage(path, kind)   start reading, validating and preparing the new weights in a
+                             background thread; rlgw_stage_status() says when it is done
                              (rlgw_stage_url: the same file fetched over HTTP, verified first)
     rlgw_apply()             put the prepared weights in place; restore the old ones on failure
     rlgw_commit() / rlgw_rollback()   drop the old weights, or put them back exactly
+    rlgw_info()              the serving dtype (the trainer's verification band depends on it)
 
 `kind` is "full" (new weights) or "delta" (theta_new - theta_served), both in Hugging Face naming.
 
@@ -17,9 +19,17 @@ during staging: a delta is loaded into zeroed scratch tensors (the update laid o
 parameters), a full update into copies of the current parameters. Only the parameters that
 `load_weights` reports (learnt once per set of names; later stages give the others a stand-in
 that refuses writes, and learn again if one is written) and the modules that own them get any
-further work. A worker runs one call at a time, so no forward pass can see a redirected parameter;
-the other side of that is that requests to this server wait while a stage runs (it is outside the
-pause, not outside the engine loop).
+further work.
+
+The stage runs in a background thread of the worker, so the engine loop keeps serving requests
+while it reads, validates, adds and packs (requests to a lone backend no longer wait for a whole
+stage). A forward pass must never see a parameter pointed at scratch, so every forward step
+(`execute_model`, `sample_tokens`) holds a lock, and the stage holds it only while parameters are
+redirected: one chunk of `load_weights` (LOAD_CHUNK_BYTES) or one layer's packing at a time.
+Everything else the stage does touches private tensors or only reads served ones. The stage
+thread shares the GIL with the engine loop: it pages the file in with plain reads first (which
+release it), since safetensors' load_file keeps it while it faults pages in from disk.
+RLGW_STAGE_BACKGROUND=0 stages inside the call instead (the engine loop waits, as before).
 
 Two ways to apply:
 
@@ -47,9 +57,12 @@ the worker holds one spare copy of the affected weights; RLGW_WEIGHT_POOL=0 free
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +73,13 @@ KINDS = ("full", "delta")
 APPLY_MODES = ("swap", "inplace")
 APPLY_MODE_ENV = "RLGW_WEIGHT_APPLY"
 POOL_ENV = "RLGW_WEIGHT_POOL"
+STAGE_BACKGROUND_ENV = "RLGW_STAGE_BACKGROUND"
+FORWARD_METHODS = ("execute_model", "sample_tokens")  # the worker calls that read the weights
+LOAD_CHUNK_BYTES = 64 * 2**20  # tensors loaded per hold of the serving lock
+# Tests only: a background stage, once prepared, waits while this file is absent, so that a test
+# can send requests while a stage is certainly in progress (a real stage of the tiny model ends
+# in milliseconds: no other way to hold one open on demand).
+STAGE_GATE_ENV = "RLGW_TEST_STAGE_GATE"
 _MISSING = object()
 
 
@@ -121,6 +141,42 @@ def _trap(param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns (stand-in, scalar)."""
     scalar = torch.zeros((), dtype=param.dtype, device=param.device)
     return scalar.expand(param.shape), scalar
+
+
+def _holding(lock: threading.RLock, method: Callable) -> Callable:
+    """`method`, called with `lock` held."""
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    return guarded
+
+
+def _chunks(tensors: dict[str, torch.Tensor], limit: int) -> Iterator[list[tuple[str, Any]]]:
+    """The tensors in groups of at most `limit` bytes (a larger tensor goes alone)."""
+    group: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for item in tensors.items():
+        nbytes = item[1].numel() * item[1].element_size()
+        if group and size + nbytes > limit:
+            yield group
+            group, size = [], 0
+        group.append(item)
+        size += nbytes
+    if group:
+        yield group
+
+
+def _page_in(path: str, chunk: int = 16 * 2**20) -> None:
+    """Read the file through once, so that load_file then maps it from the page cache.
+    load_file holds the GIL while it faults pages in from disk (measured: a 24 s read of a
+    1.4 GB delta under memory pressure made a request wait 25 s); a plain read releases the GIL
+    during each system call, so the engine loop's thread keeps running meanwhile."""
+    buffer = bytearray(chunk)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
 
 
 class _Phases:
@@ -191,8 +247,37 @@ class WeightUpdateExtension:
     _rlgw_reused = 0  # buffers taken from the pool by the current stage
     _rlgw_fetch: Any = None  # trainer.fetch.BackgroundFetch: a version file on its way (HTTP)
     _rlgw_fetched: tuple[str, dict[str, Any]] | None = None  # (sha256, report) of the last one
+    _rlgw_serving_lock: threading.RLock | None = None  # held by forward steps (see the docstring)
+    _rlgw_stage_thread: threading.Thread | None = None
+    _rlgw_stage_report: dict[str, Any] | None = None  # the last stage's outcome
 
     # ------------------------------------------------------------------ helpers
+    def _rlgw_guard_forward(self) -> None:
+        """Make every forward step hold the serving lock (once; called between two steps)."""
+        if self._rlgw_serving_lock is not None:
+            return
+        lock = threading.RLock()  # re-entrant: a step may call another guarded method
+        for name in FORWARD_METHODS:
+            method = getattr(self, name, None)
+            if callable(method):
+                setattr(self, name, _holding(lock, method))
+        self._rlgw_serving_lock = lock
+
+    @contextlib.contextmanager
+    def _rlgw_serving_paused(self) -> Iterator[None]:
+        """No forward step runs inside this block (parameters may be redirected in it)."""
+        lock = self._rlgw_serving_lock
+        if lock is None or self._rlgw_stage_thread is not threading.current_thread():
+            yield  # staging inside a worker call: no step can run meanwhile anyway
+            return
+        with lock:
+            yield
+
+    def _rlgw_wait_for_stage(self) -> None:
+        thread = self._rlgw_stage_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
     def _rlgw_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
@@ -275,33 +360,43 @@ class WeightUpdateExtension:
         states = []
         for module in modules:
             owned = [p for p in module.parameters(recurse=False) if by_id.get(id(p)) in new_data]
-            before_attrs = dict(module.__dict__)
-            before_data = [p.data for p in owned]
-            try:
-                for p in owned:
-                    p.data = new_data[by_id[id(p)]]
-                utils.dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-                for p in owned:  # a dispatch may convert a tensor (e.g. a bias to fp32)
-                    new_data[by_id[id(p)]] = p.data
-                changed = [
-                    k for k, v in module.__dict__.items() if before_attrs.get(k, _MISSING) is not v
-                ]
-                states.append(
-                    _ModuleState(
-                        module,
-                        {k: before_attrs.get(k, _MISSING) for k in changed},
-                        {k: module.__dict__[k] for k in changed},
-                    )
-                )
-            finally:
-                for p, data in zip(owned, before_data, strict=True):
-                    p.data = data
-                for k in [k for k in module.__dict__ if k not in before_attrs]:
-                    del module.__dict__[k]
-                module.__dict__.update(
-                    {k: v for k, v in before_attrs.items() if module.__dict__.get(k) is not v}
-                )
+            with self._rlgw_serving_paused():
+                states.append(self._rlgw_pack_one(utils, module, owned, by_id, new_data))
         return states
+
+    @staticmethod
+    def _rlgw_pack_one(
+        utils: Any,
+        module: torch.nn.Module,
+        owned: list[torch.nn.Parameter],
+        by_id: dict[int, str],
+        new_data: dict[str, torch.Tensor],
+    ) -> _ModuleState:
+        """Pack one module's new weights aside; on return it serves exactly what it did."""
+        before_attrs = dict(module.__dict__)
+        before_data = [p.data for p in owned]
+        try:
+            for p in owned:
+                p.data = new_data[by_id[id(p)]]
+            utils.dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            for p in owned:  # a dispatch may convert a tensor (e.g. a bias to fp32)
+                new_data[by_id[id(p)]] = p.data
+            changed = [
+                k for k, v in module.__dict__.items() if before_attrs.get(k, _MISSING) is not v
+            ]
+            return _ModuleState(
+                module,
+                {k: before_attrs.get(k, _MISSING) for k in changed},
+                {k: module.__dict__[k] for k in changed},
+            )
+        finally:
+            for p, data in zip(owned, before_data, strict=True):
+                p.data = data
+            for k in [k for k in module.__dict__ if k not in before_attrs]:
+                del module.__dict__[k]
+            module.__dict__.update(
+                {k: v for k, v in before_attrs.items() if module.__dict__.get(k) is not v}
+            )
 
     @staticmethod
     def _rlgw_set_attrs(states: list[_ModuleState], which: str) -> None:
@@ -334,20 +429,26 @@ class WeightUpdateExtension:
         traps = {n: _trap(p.data) for n, p in params.items() if n not in names}
         phases.start("load")
         originals = {name: p.data for name, p in params.items()}
+        reported: set[str] = set()
         try:
-            for name, p in params.items():
-                p.data = scratch[name] if name in scratch else traps[name][0]
-            reported = self._rlgw_model().load_weights(iter(tensors.items()))
-            if any(bool(scalar.ne(0)) for _, scalar in traps.values()):
-                raise RuntimeError("load_weights wrote into a parameter outside the expected set")
+            for chunk in _chunks(tensors, LOAD_CHUNK_BYTES):
+                with self._rlgw_serving_paused():  # parameters point at scratch in here
+                    try:
+                        for name, p in params.items():
+                            p.data = scratch[name] if name in scratch else traps[name][0]
+                        reported |= set(self._rlgw_model().load_weights(iter(chunk)) or ())
+                    finally:
+                        for name, p in params.items():
+                            p.data = originals[name]
+                if any(bool(scalar.ne(0)) for _, scalar in traps.values()):
+                    raise RuntimeError(
+                        "load_weights wrote into a parameter outside the expected set"
+                    )
         except Exception:
             self._rlgw_recycle(scratch)
             raise
-        finally:
-            for name, p in params.items():
-                p.data = originals[name]
         phases.stop()
-        return scratch, set(reported or ())
+        return scratch, reported
 
     @torch.no_grad()
     def _rlgw_prepare(self, kind: str, tensors: dict[str, torch.Tensor]) -> _Prepared:
@@ -441,13 +542,54 @@ class WeightUpdateExtension:
             self._rlgw_recycle(prepared.update)
             self._rlgw_recycle(prepared.saved)
 
+    def _rlgw_stage_in_thread(self, path: str, kind: str) -> None:
+        try:
+            report = self._rlgw_stage_now(path, kind)
+            gate = os.environ.get(STAGE_GATE_ENV)
+            while gate and not Path(gate).exists():
+                time.sleep(0.05)
+        except Exception as exc:  # reported, never raised into nowhere
+            report = {"ok": False, "error": f"stage failed: {type(exc).__name__}: {exc}"}
+        self._rlgw_stage_report = report
+
     # ------------------------------------------------------------------ rpc methods
+    def rlgw_info(self) -> dict[str, Any]:
+        """What the trainer's verification needs to know of this server: its dtype."""
+        dtype = self.model_runner.model_config.dtype  # type: ignore[attr-defined]
+        return {"ok": True, "dtype": str(dtype).removeprefix("torch.")}
+
     def rlgw_stage(self, path: str, kind: str) -> dict[str, Any]:
+        """Start staging an update (read, validate, prepare) without touching the served
+        weights; returns at once with "running" (rlgw_stage_status reports the outcome), or
+        with the outcome itself when RLGW_STAGE_BACKGROUND=0."""
+        if self._rlgw_stage_thread is not None and self._rlgw_stage_thread.is_alive():
+            return {"ok": False, "error": "a stage is already in progress"}
+        self._rlgw_stage_thread = None
+        self._rlgw_discard_staged()  # never two prepared updates in memory at once
+        if os.environ.get(STAGE_BACKGROUND_ENV, "1") == "0":
+            return self._rlgw_stage_now(path, kind)
+        self._rlgw_guard_forward()
+        self._rlgw_stage_report = None
+        self._rlgw_stage_thread = threading.Thread(
+            target=self._rlgw_stage_in_thread, args=(path, kind), name="rlgw-stage", daemon=True
+        )
+        self._rlgw_stage_thread.start()
+        return {"ok": True, "running": True}
+
+    def rlgw_stage_status(self) -> dict[str, Any]:
+        """{"ok": True, "running": True} while a stage runs, then its report (ok or error)."""
+        thread = self._rlgw_stage_thread
+        if thread is not None and thread.is_alive():
+            return {"ok": True, "running": True}
+        if self._rlgw_stage_report is None:
+            return {"ok": False, "error": "nothing is being staged"}
+        return self._rlgw_stage_report
+
+    def _rlgw_stage_now(self, path: str, kind: str) -> dict[str, Any]:
         """Read and validate an update and prepare it, without touching the served weights."""
         from safetensors.torch import load_file
 
         t0 = time.perf_counter()
-        self._rlgw_discard_staged()
         problem = self._rlgw_check_weights_kept()
         if problem:
             return {"ok": False, "error": problem}
@@ -457,6 +599,8 @@ class WeightUpdateExtension:
             )
         t_read = time.perf_counter()
         try:
+            if self._rlgw_stage_thread is threading.current_thread():
+                _page_in(path)
             tensors = load_file(path)
         except Exception as exc:  # a missing or malformed file is a refused update, not a crash
             return {"ok": False, "error": f"cannot read {path}: {exc}"}
@@ -494,13 +638,17 @@ class WeightUpdateExtension:
         resumable, sha256 checked before a tensor is read), or read from `path` when that is a
         file on this host with the same sha256. The download runs in a thread: until it is done
         this answers {"pending": True, "received": bytes} at once (the trainer polls), so the
-        server keeps serving meanwhile. Says which delivery it used and why."""
+        server keeps serving meanwhile; then the stage starts (in its own thread: the answer
+        says "running", and rlgw_stage_status tells the outcome). Says which delivery it used
+        and why."""
         from trainer.fetch import BackgroundFetch, file_digest
 
         t0 = time.perf_counter()
         done = self._rlgw_fetched
-        if done is not None and done[0] == sha256.lower() and self._rlgw_staged is not None:
-            return done[1]  # staged already: another worker of this server was still fetching
+        thread = self._rlgw_stage_thread
+        staging = self._rlgw_staged is not None or (thread is not None and thread.is_alive())
+        if done is not None and done[0] == sha256.lower() and staging:
+            return done[1]  # staged (or staging) already: another worker was still fetching
         fetch = self._rlgw_fetch
         if fetch is None or fetch.sha256 != sha256.lower():  # a new version: path or download?
             reason = "the trainer offered no path"
@@ -539,6 +687,7 @@ class WeightUpdateExtension:
     @torch.no_grad()
     def rlgw_apply(self) -> dict[str, Any]:
         """Apply the staged update; on any failure restore the previous weights exactly."""
+        self._rlgw_wait_for_stage()
         prepared = self._rlgw_staged
         if prepared is None:
             return {"ok": False, "error": "nothing staged"}
@@ -597,6 +746,7 @@ class WeightUpdateExtension:
 
     def rlgw_rollback(self) -> dict[str, Any]:
         """Restore the weights from before the last apply."""
+        self._rlgw_wait_for_stage()
         undo = self._rlgw_undo
         if undo is None:
             return {"ok": False, "error": "no snapshot to roll back to"}
@@ -615,6 +765,7 @@ class WeightUpdateExtension:
 
     def rlgw_commit(self) -> dict[str, Any]:
         """Keep the applied weights; keep the old ones' memory for the next stage (or free it)."""
+        self._rlgw_wait_for_stage()
         undo, self._rlgw_undo = self._rlgw_undo, None
         if undo is not None:
             self._rlgw_recycle(undo.old_data)
@@ -625,6 +776,7 @@ class WeightUpdateExtension:
     @torch.no_grad()
     def rlgw_checksum(self) -> str:
         """sha256 over the served parameters (vLLM naming, name order, raw bytes)."""
+        self._rlgw_wait_for_stage()  # a stage may point parameters at scratch
         digest = hashlib.sha256()
         for name, param in sorted(self._rlgw_params().items()):
             digest.update(name.encode())

@@ -75,3 +75,23 @@ def test_a_worker_that_refuses_raises_control_error():
     backend = VllmControl(httpx.Client(transport=refused), "http://b")
     with pytest.raises(ControlError, match="bad shape"):
         DeltaFile("d").apply(backend)
+
+
+def test_a_stage_in_the_background_is_waited_for_and_its_errors_raised():
+    answers = iter(
+        [
+            {"results": [{"ok": True, "running": True}]},
+            {"results": [{"ok": True, "running": True}]},
+            {"results": [{"ok": False, "error": "bad shape"}]},
+        ]
+    )
+    methods = []
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        methods.append(json.loads(request.content)["method"])
+        return httpx.Response(200, json=next(answers))
+
+    backend = VllmControl(httpx.Client(transport=httpx.MockTransport(worker)), "http://b")
+    with pytest.raises(ControlError, match="bad shape"):
+        DeltaFile("d").stage(backend)
+    assert methods == ["rlgw_stage", "rlgw_stage_status", "rlgw_stage_status"]

@@ -8,7 +8,10 @@
 
 Every state lives in Postgres and is announced with NOTIFY, so every gateway replica stops routing
 to the backend before it is paused. The backend only re-enters routing after its served probe
-log-probs match the reference forward pass and its reported weight version matches the registry.
+log-probs match the reference forward pass within the backend's own noise band, clearly closer to
+the new version's reference than to the old one (`verification.py`: fp32 keeps 1e-4, bf16 is
+judged against the noise measured on the backend), and its reported weight version matches the
+registry.
 
 The weights themselves move through the weight-update seam (`trainer/weight_update/base.py`):
 the plan names the update for each backend (`SwapPlan.update_for`), and the coordinator calls its
@@ -32,6 +35,14 @@ from rlgw.registry import version_label
 from trainer.parity import ProbeScores
 from trainer.vllm_control import ControlError, VllmControl
 from trainer.weight_update.base import Staged, WeightsUnknown, WeightUpdate
+
+from .verification import (
+    FULL_PRECISION,
+    LOW_PRECISION_CEILING,
+    NoiseBands,
+    judge,
+    tolerance_for,
+)
 
 ADVISORY_LOCK_NAMESPACE = 7_262_001  # pg_advisory_lock(namespace, backend id): one swap at a time
 CONTROL_TIMEOUT_S = 120.0  # longest wait for one control call: a stage is refused after it
@@ -94,7 +105,10 @@ class SwapReport:
     out_of_routing: tuple[float, float] | None = None  # (start, end) on time.monotonic()
     staged_out_of_routing: bool = False  # another backend served while this one staged
     stage_window: tuple[float, float] | None = None  # (start, end) on time.monotonic()
-    parity_diff: float | None = None
+    parity_diff: float | None = None  # max |served - new reference|
+    parity_old_diff: float | None = None  # max |served - old reference|
+    tolerance: float | None = None  # the band the swap was judged with
+    dtype: str | None = None  # the backend's serving dtype
     bytes_shipped: int = 0
     delivery: str | None = None  # how the update travelled, when the backend chose
 
@@ -121,6 +135,7 @@ class SwapCoordinator:
         self.parity_tolerance = parity_tolerance
         self.http = http or httpx.Client(timeout=CONTROL_TIMEOUT_S)
         self.log = log
+        self.noise = NoiseBands()  # per backend: dtype and measured probe noise
 
     # ---------------------------------------------------------------- registry
     def set_state(self, backend_id: int, state: str, reason: str | None = None, **kw) -> None:
@@ -181,10 +196,12 @@ class SwapCoordinator:
             )
             return
         report.kind = update.kind
-        # The stage (read, validate, prepare the new weights aside) holds vLLM's engine loop, so
-        # requests sent meanwhile wait. When another backend of the model serves, this one leaves
-        # routing first and nobody waits; a lone backend stages while in routing (a wait beats a
-        # refusal), and leaves routing only for the pause.
+        if not self._know_noise(vllm, update, backend, plan, report):
+            return
+        # The stage (read, validate, prepare the new weights aside) runs in a thread of the
+        # worker while the engine keeps serving, but it competes for the cores. When another
+        # backend of the model serves, this one leaves routing first and nobody shares it; a lone
+        # backend stages while in routing, and leaves routing only for the pause.
         t_out, mono_out = time.perf_counter(), time.monotonic()
         report.staged_out_of_routing = self._another_serves(backend)
         if report.staged_out_of_routing:
@@ -255,6 +272,46 @@ class SwapCoordinator:
             report.kind = files.kind
             return files, self._step(report, "stage", files.stage, vllm)
 
+    def _know_noise(
+        self,
+        vllm: VllmControl,
+        update: WeightUpdate,
+        backend: Backend,
+        plan: SwapPlan,
+        report: SwapReport,
+    ) -> bool:
+        """Learn the backend's dtype and, the first time for a low-precision one, its noise on
+        what it serves now (against the old reference). False: refused, nothing touched."""
+        try:
+            infos = vllm.rpc("rlgw_info")
+            dtype = str(infos[0]["dtype"])
+        except (ControlError, httpx.HTTPError, LookupError, TypeError):
+            dtype = FULL_PRECISION  # a worker that cannot say: judge it by the strictest band
+        known = self.noise.learn_dtype(backend.url, dtype)
+        report.dtype = dtype
+        if dtype == FULL_PRECISION or known.noise is not None:
+            return True
+        if plan.reference_old is None or backend.served_version != plan.parent_version:
+            return True  # nothing to measure against: the dtype's default noise
+        noise = self._step(
+            report, "measure_noise", update.verify, vllm, plan.model_name, backend.served_version
+        ).max_abs_diff(plan.reference_old)
+        if noise > LOW_PRECISION_CEILING:
+            report.outcome = "refused"
+            report.reason = (
+                f"serves version {backend.served_version} {noise:.3g} away from its reference "
+                f"on the probe (over the {dtype} ceiling {LOW_PRECISION_CEILING:g}): not swapped"
+            )
+            return False
+        self.noise.record(backend.url, noise)
+        return True
+
+    def _tolerance(self, url: str) -> float:
+        known = self.noise.get(url)
+        if known is None:
+            return self.parity_tolerance
+        return tolerance_for(known.dtype, known.noise, self.parity_tolerance)
+
     def _another_serves(self, backend: Backend) -> bool:
         """True when another backend of the same model is in routing now."""
         return any(
@@ -301,9 +358,14 @@ class SwapCoordinator:
         served = self._step(
             report, "parity", update.verify, vllm, plan.model_name, plan.new_version
         )
-        report.parity_diff = served.max_abs_diff(plan.reference_new)
-        if report.parity_diff <= self.parity_tolerance:
+        verdict = judge(
+            served, plan.reference_new, plan.reference_old, tolerance=self._tolerance(backend.url)
+        )
+        report.parity_diff, report.parity_old_diff = verdict.diff_new, verdict.diff_old
+        report.tolerance = verdict.tolerance
+        if verdict.accepted:
             self._step(report, "commit", update.commit, vllm)
+            self.noise.record(backend.url, verdict.diff_new)
             label = version_label(plan.new_version)
             vllm.set_weight_version(label)
             reported = vllm.weight_version()
@@ -315,10 +377,7 @@ class SwapCoordinator:
             self.set_state(backend.id, bs.ACTIVE, None, served_version=plan.new_version)
             report.outcome = "swapped"
             return
-        reason = (
-            f"parity failed: max |served - reference| = {report.parity_diff:.3g} "
-            f"> {self.parity_tolerance:g}"
-        )
+        reason = f"parity failed: {verdict.reason}"
         self._roll_back(vllm, update, backend, plan, report, reason)
 
     def _roll_back(
@@ -358,10 +417,11 @@ class SwapCoordinator:
         old_diff = update.verify(vllm, plan.model_name, backend.served_version).max_abs_diff(
             plan.reference_old
         )
-        if old_diff > self.parity_tolerance:
+        if old_diff > self._tolerance(backend.url):
             raise SwapFailed(
                 f"{reason}; the restored weights fail parity ({old_diff:.3g})", leave_paused=True
             )
+        self.noise.record(backend.url, old_diff)
         self.set_state(
             backend.id, bs.ACTIVE, f"{reason}; kept version {backend.served_version} (verified)"
         )

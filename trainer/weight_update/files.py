@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any, Self
@@ -14,6 +15,24 @@ from trainer.vllm_worker import validate_update
 from trainer.weights import apply_delta, load_full, read_update, write_update
 
 from .base import Staged, WeightUpdate
+
+STAGE_POLL_S = 0.05  # between two status calls while a backend stages
+
+
+def wait_for_stage(backend: VllmControl, started: list[Any]) -> list[Any]:
+    """The workers' stage reports once none is still running (`rlgw_stage` answers "running"
+    at once and stages in a thread; `rlgw_stage_status` is a quick call), each merged over what
+    it answered first (a download's delivery fields stay)."""
+    reports = started
+    while any(isinstance(r, dict) and r.get("running") for r in reports):
+        time.sleep(STAGE_POLL_S)
+        reports = backend.rpc("rlgw_stage_status")
+    if reports is started:
+        return started
+    return [
+        {**first, **now} if isinstance(first, dict) and isinstance(now, dict) else now
+        for first, now in zip(started, reports, strict=False)
+    ]
 
 
 class FileUpdate(WeightUpdate):
@@ -63,7 +82,9 @@ class FileUpdate(WeightUpdate):
 
     # ------------------------------------------------------------------ the seam
     def stage(self, backend: VllmControl) -> Staged:
-        staged = backend.rpc("rlgw_stage", path=self.path, kind=self.kind)
+        # The worker stages in a background thread and answers "running" at once; the backend
+        # keeps serving meanwhile, and a status call (a quick worker call) tells when it is done.
+        staged = wait_for_stage(backend, backend.rpc("rlgw_stage", path=self.path, kind=self.kind))
         nbytes = sum(r.get("bytes", 0) for r in staged if isinstance(r, dict))
         return Staged(nbytes, staged)
 

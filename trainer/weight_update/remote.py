@@ -19,7 +19,7 @@ from pathlib import Path
 from trainer.vllm_control import ControlError, VllmControl
 
 from .base import Staged
-from .files import DeltaFile, FileUpdate, FullFile
+from .files import DeltaFile, FileUpdate, FullFile, wait_for_stage
 
 POLL_S = 0.25  # how often the trainer asks a downloading worker
 STALL_S = 60.0  # a download that receives nothing for this long is refused (its part is kept)
@@ -74,6 +74,8 @@ class RemoteFile(FileUpdate):
                     f"({received:,} bytes so far, kept on the backend for the next swap)"
                 )
             time.sleep(POLL_S)
+        staged = wait_for_stage(backend, staged)  # the download is in: its stage runs in a thread
+        reports = [r for r in staged if isinstance(r, dict)]
         nbytes = sum(
             r.get("downloaded", 0) if r.get("delivery") == "http" else r.get("bytes", 0)
             for r in reports
