@@ -3,8 +3,8 @@ band of the new reference, and clearly closer to the new reference than to the o
 
 A backend's noise is max |served - reference| on the probe for weights it is known to serve: an
 fp32 server matches the fp32 reference to ~5e-7, a bf16 one to ~2-3e-3, while two versions of the
-tiny model differ by ~0.3 (measured on the vLLM CPU build, docs/benchmarks.md). So one fixed tolerance cannot serve
-both; each backend is judged against the noise measured on it:
+tiny model differ by ~0.3 (measured on the vLLM CPU build, docs/benchmarks.md). So one fixed
+tolerance cannot serve both; each backend is judged against the noise measured on it:
 
     tolerance   fp32: `parity_tolerance` (1e-4, as before)
                 other dtypes: NOISE_FACTOR x the backend's last measured noise, at least
