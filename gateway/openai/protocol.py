@@ -90,12 +90,17 @@ class CompletionRequest(GenerationRequest):
         default=None,
         ge=0,
         description="At most RLGW_MAX_TOKENS_CAP (400 above). 0 only with `echo` (vLLM: score "
-        "the prompt, generate nothing).",
+        "the prompt, generate nothing); without it, a 400 before anything is recorded.",
     )
     truncate_prompt_tokens: int | None = None
 
     @model_validator(mode="after")
     def _echo_of_the_whole_prompt(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError(
+                "max_tokens 0 is allowed only with echo (to score the prompt): "
+                "ask for at least 1 token"
+            )
         if self.echo and self.truncate_prompt_tokens is not None:
             raise ValueError(
                 "echo with truncate_prompt_tokens is not supported by this gateway: "
