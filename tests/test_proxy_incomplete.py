@@ -90,7 +90,7 @@ def test_disconnect_in_a_named_session_is_exported_as_not_eligible(
 
 
 def test_the_disconnected_backend_slot_is_released(gateway_url, admin_http):
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # ends as soon as it is released
     while time.monotonic() < deadline:
         health = admin_http.get("/healthz").json()
         if all(b["in_flight"] == 0 for b in health["backends"]):

@@ -25,8 +25,10 @@ def new_session(http: httpx.Client) -> dict:
 
 
 def wait_for_completions(http: httpx.Client, session_id: str, count: int) -> dict[str, dict]:
-    """The session's completions by id, once `count` are recorded (a hang-up is recorded async)."""
-    deadline = time.monotonic() + 10
+    """The session's completions by id, once `count` are recorded (a hang-up is recorded async:
+    when the gateway notices it and the backend's generation stops, seconds on a loaded machine;
+    the wait ends as soon as they are all there)."""
+    deadline = time.monotonic() + 120
     while True:
         completions = http.get(f"/v1/sessions/{session_id}").json()["completions"]
         if len(completions) >= count or time.monotonic() > deadline:
