@@ -8,15 +8,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 
 from rlgw import agent_keys
-from rlgw.db.models import AgentKey, RegisteredModel
+from rlgw.db.models import AgentKey
 from rlgw.governance import audit, consent
 
 from ..auth import client_address
 from ..deps import AdminDep, ContextDep, DbDep
 from ..errors import APIError
+from .known_models import require_registered
 from .register import MODEL_NAME_PATTERN
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
@@ -131,16 +131,7 @@ async def set_key_policy(
     actor = audit.api_actor(body.actor, client_address(request))
     default = ctx.settings.training_consent
     async with db.begin():
-        if isinstance(body.models, list):
-            known = set(await db.scalars(select(RegisteredModel.name)))
-            unknown = sorted(set(body.models) - known)
-            if unknown:
-                raise APIError(
-                    400,
-                    f"no model named {', '.join(unknown)}",
-                    code="model_not_found",
-                    param="models",
-                )
+        await require_registered(db, body.models)
         policy = await db.run_sync(
             lambda s: consent.put_key(s, _key_or_404(s, key_id), body.models, actor, default)
         )

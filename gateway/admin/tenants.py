@@ -7,16 +7,15 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 
 from rlgw import agent_keys
-from rlgw.db.models import RegisteredModel
 from rlgw.governance import audit, consent
 from rlgw.governance.purge import ClaimInUpdate, purge_tenant
 
 from ..auth import client_address
 from ..deps import AdminDep, ContextDep, DbDep
 from ..errors import APIError, ErrorResponse
+from .known_models import require_registered
 from .register import MODEL_NAME_PATTERN
 
 router = APIRouter(
@@ -74,16 +73,7 @@ async def set_policy(
     (the trainer checks it when it claims)."""
     actor = audit.api_actor(body.actor, client_address(request))
     async with db.begin():
-        if isinstance(body.models, list):
-            known = set(await db.scalars(select(RegisteredModel.name)))
-            unknown = sorted(set(body.models) - known)
-            if unknown:
-                raise APIError(
-                    400,
-                    f"no model named {', '.join(unknown)}",
-                    code="model_not_found",
-                    param="models",
-                )
+        await require_registered(db, body.models)
         policy = await db.run_sync(lambda s: consent.put(s, tenant, body.models, actor))
     return PolicyPublic(**vars(policy))
 
