@@ -27,6 +27,7 @@ from trainer.parity import ProbeScores, reference_scores, served_scores
 from trainer.push import PushError, push
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
 from trainer.vllm_control import VllmControl
+from trainer.vllm_worker import STAGE_GATE_ENV
 from trainer.weight_update.files import DeltaFile
 from trainer.weights import write_update
 
@@ -57,9 +58,11 @@ class Stack:
         replica: str,
         home: Path,
         model_dir: Path,
+        stage_gate: Path,
     ) -> None:
         self.db_url, self.backends, self.gateway, self.replica = db_url, backends, gateway, replica
         self.home, self.model_dir = home, model_dir
+        self.stage_gate = stage_gate  # while it is absent, a backend's stage waits (test hook)
         self.settings = gateway_settings(db_url).model_copy(update={"home": home})
         self.http = httpx.Client(timeout=120)
         self.applied: list[dict[str, torch.Tensor]] = []  # deltas served, in order
@@ -114,7 +117,11 @@ class Stack:
 def stack(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Stack]:
     db_url = make_database()
     upgrade(db_url)
-    servers = start_vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("swap-logs"), count=2)
+    stage_gate = tmp_path_factory.mktemp("gate") / "stage-gate"
+    stage_gate.touch()  # stages run through; a test removes it to hold a stage open
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(STAGE_GATE_ENV, str(stage_gate))
+        servers = start_vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("swap-logs"), count=2)
     engine = make_sync_engine(db_url)
     for _, url in servers:
         register_backend(
@@ -142,6 +149,7 @@ def stack(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Stack]:
             replica.url,
             tmp_path_factory.mktemp("home"),
             tiny_model_dir,
+            stage_gate,
         )
     stop_vllm_servers(servers)
 
@@ -428,7 +436,24 @@ def test_traffic_continues_through_the_other_backend_during_a_swap(stack, tmp_pa
     for worker in workers:
         worker.start()
     time.sleep(0.3)
-    reports = stack.push_delta(seed=3, tmp=tmp_path)
+    # The first backend's stage is held open until requests have completed meanwhile, so the
+    # window it is out of routing outlasts a request on a loaded machine too.
+    stack.stage_gate.unlink()
+    pushed: list = []
+    pusher = threading.Thread(target=lambda: pushed.append(stack.push_delta(3, tmp_path)))
+    pusher.start()
+    try:
+        with stack.admin() as admin:
+            _wait_for(
+                lambda: any(b["state"] != "active" for b in admin.get("/admin/backends").json()),
+                timeout_s=120.0,
+            )
+        held_from = len(outcomes)
+        _wait_for(lambda: len(outcomes) >= held_from + 6, timeout_s=120.0)
+    finally:
+        stack.stage_gate.touch()
+    pusher.join(timeout=300)
+    (reports,) = pushed
     time.sleep(0.3)
     stop.set()
     for worker in workers:
@@ -547,7 +572,7 @@ def test_a_swap_missed_while_the_registry_connection_was_lost_excludes_the_reque
     stream = client.chat.completions.create(
         model=MODEL_NAME,
         messages=[{"role": "user", "content": "Tell me a long story"}],
-        max_tokens=200,
+        max_tokens=1500,  # its events outgrow the sockets' buffers: unread, it cannot end
         stream=True,
         extra_body={"ignore_eos": True},
     )
@@ -567,7 +592,7 @@ def test_a_swap_missed_while_the_registry_connection_was_lost_excludes_the_reque
         after = chat(stack.gateway)
         spanning = admin.get(f"/admin/completions/{first.id}").json()
         fresh = admin.get(f"/admin/completions/{after.id}").json()
-    assert spanning["status"] == "complete" and len(spanning["output_token_ids"]) == 200
+    assert spanning["status"] == "complete" and len(spanning["output_token_ids"]) == 1500
     assert spanning["eligible"] is False
     assert "crossed a weight swap" in spanning["eligibility_reason"]
     assert fresh["eligible"] is True, fresh["eligibility_reason"]
