@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.processes import free_port, log  # noqa: E402
 from bench.weight_sync import (  # noqa: E402
     PARITY_TOL,
+    ROW_KEYS,
     SERVED_NAME,
     LatencyProbe,
     add_to,
@@ -174,15 +175,7 @@ def run(args, work: Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    keys = (
-        "bytes_shipped",
-        "stage_s",
-        "pause_ms",
-        "out_of_service_s",
-        "verify_s",
-        "slowest_request_during_stage_s",
-        "unloaded_latency_s",
-    )
+    keys = ROW_KEYS[2:]  # the shared row, after method and dtype
     lines = ["| method | dtype | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
     for method in METHODS:
         mine = [r for r in rows if r["method"] == method]
