@@ -29,7 +29,8 @@ from trainer.swap.coordinator import SwapCoordinator, SwapPlan, SwapReport
 from trainer.swap.verification import LOW_PRECISION_CEILING, NOISE_FACTOR
 from trainer.vllm_control import VllmControl
 from trainer.vllm_worker import STAGE_GATE_ENV
-from trainer.weight_update.files import DeltaFile
+from trainer.weight_update.files import DeltaFile, FullFile
+from trainer.weights import state_dict
 
 from conftest import MODEL_NAME
 from swap_helpers import random_delta, reference_with, write_delta
@@ -225,3 +226,45 @@ def test_a_backend_already_far_from_its_reference_is_refused_before_staging(bf16
     assert "stage" not in report.steps  # nothing was shipped
     assert bf16.control.rpc("rlgw_checksum") == checksum
     assert bf16.state() == ("active", version)
+
+
+def test_a_full_sync_of_a_backend_behind_measures_its_noise_on_the_version_it_serves(
+    bf16, tmp_path
+):
+    """A trainer that first meets a bf16 backend two versions behind (a restart, say) has no old
+    reference in the plan: it rebuilds the served version's reference and measures the backend's
+    noise on it, instead of judging it by a default (too tight for a deep model's bf16 noise)."""
+    served = len(bf16.applied)
+    skipped, delta = random_delta(bf16.model_dir, seed=29), random_delta(bf16.model_dir, seed=30)
+    target = state_dict(reference_with(bf16.model_dir, *bf16.applied, skipped, delta))
+    path = tmp_path / "full.safetensors"
+    FullFile.write(target, path)
+    asked: list[int] = []
+
+    def reference_of(version: int) -> ProbeScores | None:
+        asked.append(version)
+        return bf16.reference() if version == served else None
+
+    noise = served_scores(bf16.http, bf16.url, MODEL_NAME).max_abs_diff(bf16.reference())
+    fresh = SwapCoordinator(bf16.engine, drain_timeout_s=5, parity_tolerance=FP32_TOLERANCE)
+    (backend,) = fresh.backends(bf16.model_id())
+    plan = SwapPlan(
+        model_name=MODEL_NAME,
+        model_id=backend.model_id,
+        parent_version=served + 2,  # a full sync: the version it installs is its own parent
+        new_version=served + 2,
+        update=FullFile(path),
+        reference_new=bf16.reference(skipped, delta),
+        reference_of=reference_of,
+    )
+    report = fresh.swap_backend(backend, plan)
+    assert report.outcome == "swapped", report.reason
+    assert asked == [served]  # the version the backend served, rebuilt once
+    assert {"served_reference", "measure_noise"} <= set(report.steps)
+    # The band is the noise measured on the served version, not the dtype's default:
+    assert report.tolerance == pytest.approx(NOISE_FACTOR * noise, rel=0.05)
+    measured = fresh.noise.get(bf16.url).noise
+    assert measured == report.parity_diff  # the band now follows the new version's noise
+    assert FP32_TOLERANCE < report.parity_diff <= report.tolerance
+    bf16.applied += [skipped, delta]
+    assert bf16.state() == ("active", served + 2)

@@ -112,6 +112,7 @@ class Publisher:
         self.files_server: VersionFileServer | None = None
         self.source: VersionSource | None = None
         self._sums: dict[str, str] = {}  # sha256 of anchor files (not recorded in the registry)
+        self._probe_refs: dict[int, ProbeScores] = {}  # probe references of served old versions
         if settings.version_files_bind:
             self._serve_files(settings)
 
@@ -233,6 +234,7 @@ class Publisher:
             reference_old=reference_old,
             fallback=None if fallback is None else self.offered(fallback, published.version),
             preferred=self._native(model, published.parent),
+            reference_of=self.reference_of,
         )
         if backends is None and published.candidate:
             backends = self.gate_backend(published.parent)
@@ -261,6 +263,7 @@ class Publisher:
             update=self.offered(self._full(version, model), version),
             reference_new=reference_scores(model),
             preferred=self._native(model, None),
+            reference_of=self.reference_of,
         )
         return [self.coordinator.swap_backend(b, plan) for b in behind]
 
@@ -273,6 +276,20 @@ class Publisher:
         if parent is not None:
             load_parent = functools.cache(lambda: state_dict(self._reference(parent)))
         return self.native.update(state_dict(model), load_parent)
+
+    def reference_of(self, version: int) -> ProbeScores | None:
+        """The probe reference of a recorded version, rebuilt from its files (a second copy of
+        the model in memory, for a moment; kept per version once scored); None where it cannot
+        be rebuilt. The coordinator asks for it only to measure the noise of a low-precision
+        backend that serves another version than the update's parent."""
+        if version not in self._probe_refs:
+            try:
+                reference = self._reference(version)
+            except (LookupError, OSError, VersionFilesUnavailable) as exc:
+                self.log(f"[publish] no reference for version {version}: {exc}")
+                return None
+            self._probe_refs[version] = reference_scores(reference)
+        return self._probe_refs[version]
 
     def _reference(self, version: int) -> torch.nn.Module:
         with self.sessions() as db:

@@ -63,6 +63,10 @@ class SwapPlan:
     # Tried first on every backend, where it says it can go (vLLM's native weight transfer);
     # the others get `update_for`. Installs the version from any version, like a fallback.
     preferred: WeightUpdate | None = None
+    # The reference scores of any recorded version (rebuilt from its files, so costly: called
+    # only to learn the noise of a low-precision backend that serves another version than the
+    # parent, e.g. one left behind across a trainer restart). None: the dtype's default noise.
+    reference_of: Callable[[int], ProbeScores | None] | None = None
 
     def __post_init__(self) -> None:
         for extra in (self.fallback, self.preferred):
@@ -291,11 +295,12 @@ class SwapCoordinator:
         report.dtype = dtype
         if dtype == FULL_PRECISION or known.noise is not None:
             return True
-        if plan.reference_old is None or backend.served_version != plan.parent_version:
+        reference = self._served_reference(backend, plan, report)
+        if reference is None:
             return True  # nothing to measure against: the dtype's default noise
         noise = self._step(
             report, "measure_noise", update.verify, vllm, plan.model_name, backend.served_version
-        ).max_abs_diff(plan.reference_old)
+        ).max_abs_diff(reference)
         if noise > LOW_PRECISION_CEILING:
             report.outcome = "refused"
             report.reason = (
@@ -305,6 +310,18 @@ class SwapCoordinator:
             return False
         self.noise.record(backend.url, noise)
         return True
+
+    def _served_reference(
+        self, backend: Backend, plan: SwapPlan, report: SwapReport
+    ) -> ProbeScores | None:
+        """The reference scores of the version `backend` serves now, where known."""
+        if backend.served_version is None:
+            return None
+        if backend.served_version == plan.parent_version and plan.reference_old is not None:
+            return plan.reference_old
+        if plan.reference_of is None:
+            return None
+        return self._step(report, "served_reference", plan.reference_of, backend.served_version)
 
     def _tolerance(self, url: str) -> float:
         known = self.noise.get(url)

@@ -32,7 +32,8 @@ sep = max |new reference - old reference|. Why these numbers:
   two versions of bench-0.5b in the benchmark are 1.78 apart.
 
 The noise is kept by the trainer, per backend (`NoiseBands`, in the swap coordinator): measured
-against the old reference when the coordinator first meets a backend (it is not stored in the
+when the coordinator first meets a backend, against the reference of the version it serves (the
+update's parent; for a backend behind, that version rebuilt from its files; it is not stored in the
 database: the backends table has no column for it and this change adds no migration), and again
 after every verified swap or rollback.
 """
@@ -47,8 +48,10 @@ FULL_PRECISION = "float32"
 NOISE_FACTOR = 3.0
 MARGIN_FRACTION = 0.5
 LOW_PRECISION_CEILING = 0.1
-# A low-precision backend whose noise was never measured (a full sync of a backend behind, with
-# no reference for what it serves): the bf16 noise measured on this machine kind.
+# A low-precision backend whose noise could not be measured (it serves no recorded version, or
+# one whose files are gone): the bf16 noise of the tiny model measured on this machine kind. A
+# deeper model's noise is larger (bench-0.5b: 2.9e-2), so such a backend's first swap may be
+# refused (never wrongly accepted).
 DEFAULT_LOW_PRECISION_NOISE = 3e-3
 
 
