@@ -12,6 +12,7 @@ whole step over the raw step. Target (issue 13): the whole step >= 80% of the ra
 
     .venv/bin/python bench/trainer_step.py                         # fp32 and bf16, no backend
     .venv/bin/python bench/trainer_step.py --with-backend          # also with one vLLM backend
+    .venv/bin/python bench/trainer_step.py --nproc 1,2             # also in 2 processes (FSDP2)
 
 JSON goes to bench/results/trainer_step.json; a markdown table is printed.
 """
@@ -33,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.processes import log  # noqa: E402
+from bench.processes import free_port, log  # noqa: E402
 from bench.trainer_step_data import (  # noqa: E402
     drop_database,
     fresh_database,
@@ -43,6 +44,7 @@ from bench.trainer_step_data import (  # noqa: E402
 from bench.trainer_throughput import raw_step  # noqa: E402
 from rlgw.db.engine import make_sync_engine  # noqa: E402
 from rlgw.settings import Settings  # noqa: E402
+from trainer import collectives  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.microbatch import to_device  # noqa: E402
 from trainer.samples import collate  # noqa: E402
@@ -76,17 +78,24 @@ def start_backend(path: Path, home: Path) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> dict:
-    """Warm-up step, then `--steps` whole steps, each followed by a raw step on its tokens."""
+def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> dict | None:
+    """Warm-up step, then `--steps` whole steps, each followed by a raw step on its tokens. Under
+    torchrun every rank runs it: rank 0 owns the database and returns the result, the others
+    follow rank 0's steps (FSDP2 shards) and their share of each raw step, and return None."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     path = model_dir(args.preset)
-    home = RESULTS / f"trainer-step-home-{dtype}-{'swap' if backend_url else 'noswap'}"
-    database = f"rlgw_bench_step_{dtype}_{os.getpid()}"
-    url = fresh_database(args.pg, database)
+    swap = "swap" if backend_url else "noswap"
+    home = RESULTS / f"trainer-step-home-{dtype}-{swap}-x{world}"
+    database = args.database or f"rlgw_bench_step_{dtype}_{os.getpid()}"
+    url = f"{args.pg}/{database}"
+    if rank == 0:
+        url = fresh_database(args.pg, database)
     settings = Settings(home=home, database_url=url)
-    engine = make_sync_engine(url)
-    register(engine, MODEL_NAME, path, backend_url)
+    engine = make_sync_engine(url)  # connects only on rank 0
     batch_of = dict(sessions=args.sessions, tokens=args.tokens)
-    samples = seed_sessions(engine, MODEL_NAME, version=0, seed=0, **batch_of)
+    if rank == 0:
+        register(engine, MODEL_NAME, path, backend_url)
+        samples = seed_sessions(engine, MODEL_NAME, version=0, seed=0, **batch_of)
     config = TrainerConfig(
         device="cpu",
         dtype=dtype,
@@ -97,6 +106,12 @@ def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> di
         anchor_every=10_000,  # deltas only: the step every version but the tenth ships
     )
     trainer = OnlineTrainer(settings, engine, MODEL_NAME, config, log=lambda line: None)
+    if rank != 0:
+        while trainer.follow():  # rank 0's step, then its raw step
+            raw_share(trainer, collectives.broadcast_object(None), dtype)
+        trainer.close()
+        engine.dispose()
+        return None
     steps: list[dict] = []
     for step in range(args.steps + 1):  # step 0: warm-up (allocation, AdamW state), not timed
         if step:
@@ -108,12 +123,9 @@ def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> di
         whole = time.perf_counter() - start
         if report is None or report.version is None:
             raise RuntimeError(f"step {step} trained nothing: {report}")
-        batch = to_device(collate(samples, trainer.policy.pad_id), trainer.dist.device)
-        trainer.policy.training.train()
         start = time.perf_counter()
-        raw_step(trainer.policy.training, trainer.optimizer, batch, dtype, 1)
+        raw_share(trainer, collectives.broadcast_object(samples), dtype)
         raw = time.perf_counter() - start
-        trainer.policy.training.eval()
         if step:
             m = report.metrics
             steps.append(
@@ -127,7 +139,8 @@ def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> di
                     "swaps": m.get("swaps"),
                 }
             )
-            log(f"{dtype} {'swap' if backend_url else 'no swap'} step {step}: {steps[-1]}")
+            log(f"{dtype} {swap} x{world} step {step}: {steps[-1]}")
+    trainer.stop_followers()
     trainer.close()
     engine.dispose()
     drop_database(args.pg, database)
@@ -136,6 +149,7 @@ def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> di
     return {
         "dtype": dtype,
         "swap": backend_url is not None,
+        "processes": world,
         "tokens_per_step": tokens,
         "steps": steps,
         "whole_tokens_per_s": tokens / mean("whole_s"),
@@ -145,16 +159,50 @@ def run_one(args: argparse.Namespace, dtype: str, backend_url: str | None) -> di
     }
 
 
+def raw_share(trainer: OnlineTrainer, samples: list, dtype: str) -> None:
+    """This rank's share of a raw forward + backward + AdamW step over `samples`, on the
+    trainer's own model and optimizer (every rank calls it: a collective when sharded)."""
+    rank, world = collectives.rank(), collectives.world_size()
+    mine = samples[rank::world]  # as the update splits a batch
+    batch = to_device(collate(mine, trainer.policy.pad_id), trainer.dist.device)
+    trainer.policy.training.train()
+    raw_step(trainer.policy.training, trainer.optimizer, batch, dtype, world)
+    trainer.policy.training.eval()
+
+
+def launch(args: argparse.Namespace, dtype: str, nproc: int, backend_url: str | None) -> dict:
+    """`run_one` in this process, or in `nproc` processes under torchrun (rank 0 writes the
+    result as JSON for this process to read)."""
+    if nproc == 1:
+        return run_one(args, dtype, backend_url)
+    result = RESULTS / f"trainer_step.{dtype}.x{nproc}.json"
+    result.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    argv += ["--master-port", str(free_port()), str(Path(__file__)), "--worker", str(result)]
+    argv += ["--dtypes", dtype, "--preset", args.preset, "--steps", str(args.steps)]
+    argv += ["--sessions", str(args.sessions), "--tokens", str(args.tokens), "--pg", args.pg]
+    argv += ["--database", f"rlgw_bench_step_{dtype}_{os.getpid()}_x{nproc}"]
+    if backend_url:
+        argv += ["--backend-url", backend_url]
+    threads = str(max(1, (os.cpu_count() or 2) // nproc))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": threads}
+    log(f"{dtype}: {nproc} processes under torchrun")
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=7200)
+    if run.returncode != 0:
+        raise RuntimeError(f"{dtype} x{nproc} failed:\n{run.stdout[-2000:]}{run.stderr[-3000:]}")
+    return json.loads(result.read_text())
+
+
 def table(results: list[dict]) -> str:
     rows = [
-        "| dtype | swap | raw tok/s | whole step tok/s | whole / raw (mean) | (fastest steps) "
-        "| train s | record + push s | delta MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| dtype | processes | swap | raw tok/s | whole step tok/s | whole / raw (mean) "
+        "| (fastest steps) | train s | record + push s | delta MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         mean = lambda key, r=r: sum(s[key] for s in r["steps"]) / len(r["steps"])  # noqa: E731
         rows.append(
-            f"| {r['dtype']} | {'included' if r['swap'] else 'excluded'} "
+            f"| {r['dtype']} | {r.get('processes', 1)} | {'included' if r['swap'] else 'excluded'} "
             f"| {r['raw_tokens_per_s']:.1f} | {r['whole_tokens_per_s']:.1f} "
             f"| {r['whole_over_raw']:.0%} | {r['best_whole_over_raw']:.0%} "
             f"| {mean('train_s'):.1f} | {mean('push_s'):.1f} | {mean('bytes') / 1e6:.0f} |"
@@ -170,19 +218,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=2, help="sessions (samples) per step")
     p.add_argument("--tokens", type=int, default=256, help="tokens per sample, a quarter prompt")
     p.add_argument("--with-backend", action="store_true", help="also with one vLLM backend")
+    p.add_argument("--nproc", default="1", help="process counts to run, e.g. 1,2 (FSDP2, gloo)")
     p.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432")
     p.add_argument("--out", default=str(RESULTS / "trainer_step.json"))
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # a rank: its result file
+    p.add_argument("--database", help=argparse.SUPPRESS)
+    p.add_argument("--backend-url", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker is not None:  # one rank under torchrun
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        result = run_one(args, args.dtypes, args.backend_url)
+        if result is not None:
+            args.worker.write_text(json.dumps(result))
+        return 0
     torch.set_num_threads(max(1, torch.get_num_threads()))
     started = datetime.now(UTC)
-    results = [run_one(args, dtype, None) for dtype in args.dtypes.split(",")]
+    model_dir(args.preset)  # created once, before any rank needs it
+    counts = [int(n) for n in args.nproc.split(",")]
+    dtypes = args.dtypes.split(",")
+    results = [launch(args, dtype, n, None) for n in counts for dtype in dtypes]
     if args.with_backend:
         from rlgw.backend_launcher import stop_backend
 
-        for dtype in args.dtypes.split(","):  # a fresh backend each: it serves version 0
+        for dtype in dtypes:  # a fresh backend each: it serves version 0
             proc, url = start_backend(model_dir(args.preset), RESULTS)
             try:
-                results.append(run_one(args, dtype, url))
+                results.append(launch(args, dtype, 1, url))
             finally:
                 stop_backend(proc)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

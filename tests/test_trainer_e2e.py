@@ -26,11 +26,12 @@ from rlgw.db.migrate import upgrade
 from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
+from trainer.distributed import TIMEOUT_ENV
 from trainer.errors import PushRefused
 from trainer.parity import reference_scores, served_scores
 from trainer.publish import Publisher
 from trainer.push import push
-from trainer.service import FAULT_ENV, OnlineTrainer
+from trainer.service import COMMIT_DELAY_ENV, FAULT_ENV, OnlineTrainer
 from trainer.vllm_control import VllmControl
 from trainer.weights import apply_delta
 
@@ -424,6 +425,30 @@ def test_two_trainer_processes_push_a_version_that_passes_the_swap(env):
         reference = publisher.latest()[1]  # the recorded version, rebuilt from its files
     served = served_scores(httpx.Client(), env.backend, MODEL_NAME)
     assert served.max_abs_diff(reference_scores(reference)) <= 1e-4
+
+
+def test_the_other_rank_waits_while_rank_0_records_longer_than_a_collective_may_wait(env):
+    """Rank 0 records and pushes alone (a 0.5B model's 1.4 GB commit takes tens of seconds on a
+    CPU, a bigger one minutes): the other rank waits for its next word in the patient group, not
+    in a collective bounded by the group's timeout (which would kill it mid-run)."""
+    drain_queue(env)
+    for reward in (1.0, 0.0, 0.5, 1.0):
+        env.episode(reward)
+    version = current_version(env)
+    environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
+    environment.pop(FAULT_ENV, None)
+    environment |= {TIMEOUT_ENV: "15", COMMIT_DELAY_ENV: "20"}  # alone for longer than 15 s
+    done = subprocess.run(
+        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+        + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[swapped]" in done.stdout, done.stdout[-2000:]
+    assert current_version(env) == version + 1
 
 
 def test_a_recorded_version_exports_as_a_checkpoint_that_serves_the_same(env, tmp_path):

@@ -9,15 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_whole_step_benchmark_trains_the_recorded_sessions(pg_admin_uri: str, tmp_path: Path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_whole_step_benchmark_trains_the_recorded_sessions(
+    pg_admin_uri: str, tmp_path: Path, nproc: int
+):
+    """In one process, and in two under torchrun (FSDP2 over gloo: rank 0 claims and commits, both
+    ranks take their share of the update and of the raw step)."""
     pg = pg_admin_uri.split("?")[0].rsplit("/", 1)[0]
     out = tmp_path / "trainer_step.json"
     done = subprocess.run(
         [sys.executable, "bench/trainer_step.py", "--preset", "tiny", "--steps", "1"]
-        + ["--dtypes", "float32", "--pg", pg, "--out", str(out)],
+        + ["--dtypes", "float32", "--pg", pg, "--out", str(out), "--nproc", str(nproc)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -27,6 +34,7 @@ def test_whole_step_benchmark_trains_the_recorded_sessions(pg_admin_uri: str, tm
     (result,) = json.loads(out.read_text())["results"]
     (step,) = result["steps"]
     assert result["swap"] is False and result["tokens_per_step"] == 2 * 256
+    assert result["processes"] == nproc
     assert step["whole_s"] > step["train_s"] > 0 and step["raw_s"] > 0
     assert step["bytes"] > 90_000 * 4  # a delta of every parameter of the tiny model, fp32
-    assert "| float32 | excluded |" in done.stdout
+    assert f"| float32 | {nproc} | excluded |" in done.stdout

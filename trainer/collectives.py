@@ -6,6 +6,7 @@ Every function is the identity on one process (no process group), so the update 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -47,10 +48,33 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
     return norm
 
 
+# What rank 0 alone decides (the next step, a base path, whether moments were kept) travels in a
+# second gloo group with this timeout, made by `make_patient_group`: before it sends, rank 0 may
+# work alone for minutes (a version rebuilt from its files, a 1.4 GB commit, a swap of every
+# backend), longer than the main group's timeout, which a waiting rank would otherwise hit. A
+# rank 0 that dies closes its connections and the others fail at once; this bounds a hung one.
+PATIENT_TIMEOUT_S = 24 * 3600.0
+_patient = None  # the gloo group for broadcast_object (None: the default group)
+
+
+def make_patient_group(timeout_s: float = PATIENT_TIMEOUT_S) -> None:
+    """Make the group broadcast_object uses: every rank must call it, once, after the default
+    group exists (distributed.init_distributed does)."""
+    global _patient
+    _patient = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def drop_patient_group() -> None:
+    """Forget the patient group (the process group is being destroyed)."""
+    global _patient
+    _patient = None
+
+
 def broadcast_object(value):
-    """Rank 0's `value` on every rank (picklable; the others pass anything)."""
+    """Rank 0's `value` on every rank (picklable; the others pass anything), waited for as long
+    as rank 0 takes to send it (the patient group above)."""
     if world_size() == 1:
         return value
     box = [value if rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_patient)
     return box[0]

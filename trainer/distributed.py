@@ -20,6 +20,7 @@ from .device import resolve_device
 from .samples import Sample
 
 DEFAULT_TIMEOUT_S = 60.0  # how long a collective waits for a missing rank before it raises
+TIMEOUT_ENV = "RLGW_DIST_TIMEOUT_S"
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -31,10 +32,14 @@ class DistContext:
     device: torch.device  # this rank's device: cuda:LOCAL_RANK, or cpu
 
 
-def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
+def init_distributed(device: str = "auto", timeout_s: float | None = None) -> DistContext:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
     MASTER_PORT): nccl when this rank's device is a GPU, gloo otherwise. Without those variables
-    this is one process and no group is made (every helper here then acts on one rank)."""
+    this is one process and no group is made (every helper here then acts on one rank).
+    `timeout_s` bounds every collective of a step (default: $RLGW_DIST_TIMEOUT_S, else 60 s);
+    rank 0's announcements between steps wait longer (collectives.PATIENT_TIMEOUT_S)."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     where = resolve_device(device, local_rank)
     if not all(k in os.environ for k in TORCHRUN_ENV):
@@ -46,12 +51,14 @@ def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
         timeout=timedelta(seconds=timeout_s),
         device_id=where if where.type == "cuda" else None,
     )
+    collectives.make_patient_group()  # for what rank 0 announces (collectives.broadcast_object)
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, where)
 
 
 def shutdown_distributed() -> None:
     if collectives.initialized():
         dist.destroy_process_group()
+        collectives.drop_patient_group()
 
 
 def is_rank0() -> bool:
@@ -134,6 +141,4 @@ def broadcast_samples(samples: list[Sample] | None) -> list[Sample]:
     """Rank 0's samples on every rank (others pass None); the update splits them by rank."""
     if collectives.world_size() == 1:
         return list(samples or [])
-    box = [samples if is_rank0() else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return collectives.broadcast_object(samples if is_rank0() else None)

@@ -120,14 +120,22 @@ class Policy:
         )
 
     # ------------------------------------------------------------------ AdamW moments
-    def save_moments(self, path: Path, version: int) -> None:
-        """Save the optimizer state reached by `version` (rank 0 writes; a collective)."""
+    def gather_moments(self) -> dict | None:
+        """The optimizer state, whole on rank 0, for `save_moments`. A collective when sharded:
+        every rank calls it right after `weights()`, while they are all in the step (rank 0
+        then records the version alone, for longer than a collective may wait). None when not
+        sharded: the optimizer itself is saved."""
+        if not self.sharded:
+            return None
+        return full_optimizer_state(self.training, self.optimizer)
+
+    def save_moments(self, gathered: dict | None, path: Path, version: int) -> None:
+        """Save the optimizer state reached by `version`, as `gather_moments` returned it
+        (rank 0 writes; the others do nothing)."""
         if not self.sharded:
             save_optimizer(self.optimizer, path, version)
-            return
-        state = full_optimizer_state(self.training, self.optimizer)
-        if is_rank0():
-            save_state(state, path, version, keyed_by=NAME)
+        elif is_rank0():
+            save_state(gathered, path, version, keyed_by=NAME)
 
     def restore_moments(self, path: Path, version: int) -> str:
         """Restore the moments saved for `version`, if any (a collective when sharded)."""

@@ -57,6 +57,8 @@ from .weight_update.lora import LoraAdapter
 from .weights import delta, state_dict
 
 FAULT_ENV = "RLGW_TRAINER_FAULT"  # test hook: "crash-before-commit" | "crash-after-commit"
+# Test hook: seconds rank 0 waits before it records a version (a big model's commit, alone).
+COMMIT_DELAY_ENV = "RLGW_TEST_COMMIT_DELAY_S"
 
 
 def _maybe_crash(point: str) -> None:
@@ -242,7 +244,7 @@ class OnlineTrainer:
         if command == "train":
             self.policy.update(payload)
             self.policy.weights()
-            self.policy.save_moments(self.optimizer_path, self.version)
+            self.policy.gather_moments()  # rank 0 saves them once it has recorded the version
         elif command == "reload":  # rank 0 moved to another version: its weights, its moments
             self.policy.reset_to(None, self.optimizer_path, payload)
         return command != "stop"
@@ -274,10 +276,12 @@ class OnlineTrainer:
                     unclaim(db, claim.session_ids)  # back to the queue, for a smaller setting
                 raise
             weights = self.policy.weights()  # the reference (self.model) holds them now
+            moments = self.policy.gather_moments()  # the last collective of the step
             returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
             metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
             metrics["train_s"] = time.perf_counter() - t0
             _maybe_crash("crash-before-commit")
+            time.sleep(float(os.environ.get(COMMIT_DELAY_ENV, "0")))
 
             anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights: no drift
             if self.policy.lora is not None:  # the whole adapter, saved from the reference
@@ -305,7 +309,7 @@ class OnlineTrainer:
                 self.log("[train] a rollback moved the model meanwhile: this update is dropped")
                 return None
             metrics["bytes"] = published.update.nbytes
-            self.policy.save_moments(self.optimizer_path, published.version)
+            self.policy.save_moments(moments, self.optimizer_path, published.version)
             _maybe_crash("crash-after-commit")
 
             self.version = published.version
@@ -428,5 +432,10 @@ class OnlineTrainer:
                     continue
                 made += 1
         finally:
-            with contextlib.suppress(Exception):  # a rank already gone must not hide the cause
-                self._tell("stop")
+            self.stop_followers()
+
+    def stop_followers(self) -> None:
+        """Rank 0: tell the other ranks that training is over (their `follow()` returns False);
+        `run` does it on its way out, however it ends."""
+        with contextlib.suppress(Exception):  # a rank already gone must not hide the cause
+            self._tell("stop")
