@@ -400,22 +400,29 @@ def test_a_push_with_no_backend_is_recorded_and_a_backend_registered_later_catch
     assert_a_training_step_swaps_the_next_version(env)
 
 
+def train_one_version_in_two_processes(
+    env, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`rlgw train --nproc 2 --max-versions 1` on the test's database and home."""
+    environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
+    environment.pop(FAULT_ENV, None)
+    return subprocess.run(
+        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+        + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
+        env={**environment, **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 def test_two_trainer_processes_push_a_version_that_passes_the_swap(env):
     """`rlgw train --nproc 2`: FSDP2 over gloo; rank 0 alone claims, commits and pushes, and the
     backend serves the gathered weights (parity against the version's own reference)."""
     drain_queue(env)
     episodes = [env.episode(r) for r in (1.0, 0.0, 0.5, 1.0)]
     version = current_version(env)
-    environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
-    environment.pop(FAULT_ENV, None)
-    done = subprocess.run(
-        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
-        + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = train_one_version_in_two_processes(env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 process(es)" in done.stdout and "[swapped]" in done.stdout, done.stdout[-2000:]
     assert current_version(env) == version + 1
@@ -435,17 +442,8 @@ def test_the_other_rank_waits_while_rank_0_records_longer_than_a_collective_may_
     for reward in (1.0, 0.0, 0.5, 1.0):
         env.episode(reward)
     version = current_version(env)
-    environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
-    environment.pop(FAULT_ENV, None)
-    environment |= {TIMEOUT_ENV: "15", COMMIT_DELAY_ENV: "20"}  # alone for longer than 15 s
-    done = subprocess.run(
-        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
-        + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # rank 0 alone for 20 s before its commit, longer than a collective's 15 s
+    done = train_one_version_in_two_processes(env, {TIMEOUT_ENV: "15", COMMIT_DELAY_ENV: "20"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[swapped]" in done.stdout, done.stdout[-2000:]
     assert current_version(env) == version + 1
