@@ -30,6 +30,40 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
+# CPU flags of native bf16 arithmetic (AVX-512 BF16, AMX). Without them torch converts to fp32 and
+# back around every bf16 op: on this project's AMD EPYC VM (AVX2 only) a bench-0.5b update step
+# in bf16 took ~8 minutes against ~30 s in fp32 (docs/benchmarks.md, trainer throughput).
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def slow_bf16_warning(
+    device: torch.device, dtype: str, flags: frozenset[str] | None = None
+) -> str | None:
+    """A warning when bf16 is asked for on a CPU without native bf16 arithmetic; None otherwise
+    (a GPU, fp32, or flags that cannot be read)."""
+    if dtype != "bfloat16" or device.type != "cpu":
+        return None
+    flags = cpu_flags() if flags is None else flags
+    if flags is None or flags & NATIVE_BF16_FLAGS:
+        return None
+    return (
+        "--dtype bfloat16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 flag): torch "
+        "emulates it, far slower than float32 here; use --dtype float32 on this machine"
+    )
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 

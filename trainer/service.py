@@ -38,6 +38,7 @@ from rlgw.trajectory import load_trajectory
 from . import collectives
 from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclaim
 from .config import TrainerConfig
+from .device import slow_bf16_warning
 from .distributed import init_distributed, is_rank0
 from .errors import VersionConflict, database_errors
 from .gate.governor import Governor
@@ -132,6 +133,8 @@ class OnlineTrainer:
             where += f", LoRA rank {lora.rank} alpha {lora.alpha:g} on {lora.targets or 'defaults'}"
         self.log(f"[train] {restored}")
         self.log(f"[train] {model_name}: starting from version {self.version} on {where}")
+        if warning := slow_bf16_warning(self.dist.device, config.dtype):
+            self.log(f"[train] warning: {warning}")
         self.governor = Governor(settings, self.publisher, log=log)
         self.run_log = RunLog(
             settings.home / "runs" / model_name,
