@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,30 +42,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.processes import log  # noqa: E402
+from bench.swap_timing import ROW_KEYS, SERVED_NAME, timed_swap, unloaded_latency  # noqa: E402
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
 from rlgw.ports import free_port  # noqa: E402
 from trainer.init_model import PRESETS, create_model  # noqa: E402
 from trainer.parity import PROBE_TOKEN_IDS, reference_scores, served_scores  # noqa: E402
-from trainer.swap.verification import judge, tolerance_for  # noqa: E402
+from trainer.swap.verification import tolerance_for  # noqa: E402
 from trainer.vllm_control import VllmControl  # noqa: E402
 from trainer.weight_update.files import DeltaFile  # noqa: E402
 from trainer.weights import load_reference_model, state_dict, write_update  # noqa: E402
 
-SERVED_NAME = "bench"
 PARITY_TOL = 1e-4  # the swap coordinator's fp32 tolerance (settings.parity_tolerance)
 METHOD = "delta-file"  # full-parameter delta in a safetensors file read from a local path
-# The row every weight-sync method reports (LoRA, HTTP delivery, ... join the same table).
-ROW_KEYS = (
-    "method",
-    "dtype",
-    "bytes_shipped",
-    "stage_s",
-    "pause_ms",
-    "out_of_service_s",
-    "verify_s",
-    "slowest_request_during_stage_s",
-    "unloaded_latency_s",
-)
 REFUSAL_CASES = ("no-op", "half", "wrong")
 RESULTS = Path(__file__).resolve().parent / "results" / "weight_sync.json"
 TARGET_PAUSE_S = 1.0  # for bench-0.5b
@@ -137,56 +124,6 @@ def first_request(http: httpx.Client, url: str) -> None:
     reply.raise_for_status()
 
 
-PROBE_REQUEST = {"model": SERVED_NAME, "prompt": list(PROBE_TOKEN_IDS[:8]), "max_tokens": 2}
-
-
-def unloaded_latency(http: httpx.Client, url: str, count: int = 5) -> float:
-    """Median seconds of a 2-token request to the idle backend (one at a time, nothing else)."""
-    spans = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        http.post(f"{url}/v1/completions", json=PROBE_REQUEST).raise_for_status()
-        spans.append(time.perf_counter() - t0)
-    return statistics.median(spans)
-
-
-class LatencyProbe:
-    """Short requests sent back to back from a thread: what a client of this backend sees while
-    a stage runs (the worker stages in a background thread; before, a stage held vLLM's engine
-    loop and requests waited for it)."""
-
-    def __init__(self, url: str, model: str = SERVED_NAME) -> None:
-        self.url, self.model = url, model
-        self.spans: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=900.0) as http:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                body = {**PROBE_REQUEST, "model": self.model}
-                http.post(f"{self.url}/v1/completions", json=body).raise_for_status()
-                self.spans.append((t0, time.perf_counter()))
-
-    def __enter__(self) -> LatencyProbe:
-        self._thread.start()
-        time.sleep(1.0)  # a few requests before, for the usual latency
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=900)
-
-    def during(self, start: float, end: float) -> dict:
-        before = [b - a for a, b in self.spans if b < start]
-        overlapping = [b - a for a, b in self.spans if a < end and b > start]
-        return {
-            "usual_latency_s": statistics.median(before) if before else None,
-            "max_latency_during_s": max(overlapping) if overlapping else None,
-        }
-
-
 def start_and_time(
     model_dir: Path,
     port: int,
@@ -247,8 +184,6 @@ def save_checkpoint(model: torch.nn.Module, base_dir: Path, out_dir: Path) -> No
 
 def one_swap(
     vllm: VllmControl,
-    http: httpx.Client,
-    url: str,
     path: Path,
     reference,
     pgid: int,
@@ -256,66 +191,29 @@ def one_swap(
     old_reference,
     tolerance: float,
 ) -> dict:
-    """Stage, pause, apply, reset cache, resume, verify (the coordinator's rule), commit or roll
-    back; seconds for each step."""
-    steps: dict[str, float] = {}
-    update = DeltaFile(path)
-    with LatencyProbe(url) as probe:
-        t = time.perf_counter()
-        staged = update.stage(vllm).detail
-        t_staged = time.perf_counter()
-    steps["stage"] = t_staged - t
-    stall = probe.during(t, t_staged)
-    rss_staged = group_rss_gib(pgid)
+    """The delta file at `path` swapped in (`bench/swap_timing.py`), with the server's memory
+    after the stage, the apply and the commit."""
+    rss: dict[str, float] = {}
 
-    t_pause = time.perf_counter()
-    vllm.pause("wait")
-    steps["pause"] = time.perf_counter() - t_pause
-    t = time.perf_counter()
-    applied = update.apply(vllm)
-    steps["apply"] = time.perf_counter() - t
-    t = time.perf_counter()
-    vllm.reset_prefix_cache()
-    steps["reset_cache"] = time.perf_counter() - t
-    t = time.perf_counter()
-    vllm.resume()
-    t_resumed = time.perf_counter()
-    steps["resume"] = t_resumed - t
-    served = served_scores(http, url, SERVED_NAME)
-    verdict = judge(served, reference, old_reference, tolerance=tolerance)
-    t_verified = time.perf_counter()
-    steps["parity"] = t_verified - t_resumed
-    diff = verdict.diff_new
-    rss_applied = group_rss_gib(pgid)
-    restored_diff = None
-    if verdict.accepted:
-        update.commit(vllm)
-    else:  # what the coordinator does: take the old weights back, and check them
-        vllm.pause("abort")
-        update.rollback(vllm)
-        vllm.reset_prefix_cache()
-        vllm.resume()
-        restored_diff = served_scores(http, url, SERVED_NAME).max_abs_diff(old_reference)
-    return {
-        "steps": steps,
-        "pause_window_s": t_resumed - t_pause,
-        "out_of_service_s": t_verified - t_pause,
-        "parity_max_diff": diff,
-        "parity_old_diff": verdict.diff_old,
-        "tolerance": tolerance,
-        "parity_ok": verdict.accepted,
-        "refusal_reason": verdict.reason,
-        "restored_parity_diff": restored_diff,
-        "stage_stall": stall,
-        "server_rss_gib": {
-            "after_stage": rss_staged,
-            "after_apply": rss_applied,
-            "after_commit": group_rss_gib(pgid),
-        },
-        "greedy_token_matches": served.next_token == reference.next_token,
-        "worker_stage": staged[0] if staged else None,
-        "worker_apply": applied[0] if applied else None,
+    def observe(when: str) -> None:  # "staged", "applied"
+        rss[{"staged": "after_stage", "applied": "after_apply"}[when]] = group_rss_gib(pgid)
+
+    swap = timed_swap(
+        vllm,
+        DeltaFile(path),
+        reference,
+        old_reference=old_reference,
+        tolerance=tolerance,
+        observe=observe,
+    )
+    rss["after_commit"] = group_rss_gib(pgid)
+    swap["stage_stall"] = {
+        "usual_latency_s": swap["usual_latency_s"],
+        "max_latency_during_s": swap["slowest_request_during_stage_s"],
     }
+    swap["pause_window_s"] = swap["pause_ms"] / 1000
+    swap["server_rss_gib"] = rss
+    return swap
 
 
 def bench_preset(preset: str, work: Path, args, http: httpx.Client) -> list[dict]:
@@ -347,7 +245,9 @@ def bench_preset(preset: str, work: Path, args, http: httpx.Client) -> list[dict
     del delta
 
     results = []
-    for dtype in args.dtypes:
+    for index, dtype in enumerate(args.dtypes):
+        if index:  # each server starts from the checkpoint: so does the trainer's side
+            reference_model = load_reference_model(model_dir)
         result = bench_dtype(preset, dtype, pdir, model_dir, reference_model, files, args, http)
         result.update(
             {
@@ -410,8 +310,6 @@ def bench_dtype(
             log(f"{preset} {dtype}: swap {i + 1}/{args.repeats} ({'+' if sign > 0 else '-'}delta)")
             swap = one_swap(
                 vllm,
-                http,
-                url,
                 files["plus" if sign > 0 else "minus"],
                 reference,
                 proc.pid,
@@ -433,8 +331,6 @@ def bench_dtype(
             log(f"{preset} {dtype}: refusal case {case}")
             swap = one_swap(
                 vllm,
-                http,
-                url,
                 files[case],
                 intended,
                 proc.pid,
