@@ -1,4 +1,5 @@
-"""Helpers for the weight-swap tests: random deltas, reference models, log-prob recomputation."""
+"""Helpers for the weight-swap tests: random deltas and adapters, reference models, log-prob
+recomputation."""
 
 from __future__ import annotations
 
@@ -21,6 +22,21 @@ def random_delta(model_dir: Path, seed: int, scale: float = 0.02) -> dict[str, t
 def write_delta(delta: dict[str, torch.Tensor], path: Path) -> Path:
     write_update(delta, path)
     return path
+
+
+def random_adapter(model_dir: Path, rank: int, seed: int) -> torch.nn.Module:
+    """The base model with a random (non-zero) LoRA adapter of `rank`: a peft model, whose
+    adapter moves every served log-prob visibly (peft starts B at zero, a no-op)."""
+    from rlgw.adapters import LoraSpec
+    from trainer.lora import with_adapter
+
+    torch.manual_seed(seed)
+    model = with_adapter(load_reference_model(model_dir), LoraSpec(rank, 2.0 * rank))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    return model
 
 
 def reference_with(model_dir: Path, *deltas: dict[str, torch.Tensor]) -> torch.nn.Module:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import socket
 import stat
@@ -18,15 +19,24 @@ from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.migrate import upgrade
 from rlgw.registry import store_model
 from rlgw.settings import Settings
-from trainer.fetch import BackgroundFetch, FetchError, fetch_verified
+from trainer import fetch
+from trainer.fetch import (
+    BackgroundAdapterFetch,
+    BackgroundFetch,
+    FetchError,
+    fetch_adapter,
+    fetch_verified,
+)
 from trainer.publish import Publisher
 from trainer.version_files import VersionFileServer, version_files_token, version_url
 from trainer.versions import file_sha256, version_file
+from trainer.vllm_worker import WeightUpdateExtension
 from trainer.weight_update.files import DeltaFile
-from trainer.weight_update.remote import RemoteDelta
+from trainer.weight_update.lora import CONFIG_FILE, WEIGHTS_FILE, LoraAdapter
+from trainer.weight_update.remote import RemoteDelta, RemoteLora
 
 from conftest import ADMIN_KEY, MODEL_NAME, gateway_settings
-from swap_helpers import random_delta
+from swap_helpers import random_adapter, random_delta
 
 TOKEN = "file-token-0123456789abcdef"
 MODEL = MODEL_NAME
@@ -287,3 +297,242 @@ def test_a_background_fetch_downloads_in_a_thread_and_reports_its_progress(
     failed = BackgroundFetch(url, "wrong", sha256(data), "why")
     failed._thread.join(timeout=60)
     assert failed.result is None and "HTTP 403" in str(failed.error)
+
+
+# ---------------------------------------------------------------------- LoRA versions
+
+LORA = 5  # the version the `adapter` fixture stores as a LoRA adapter folder
+
+
+@pytest.fixture()
+def adapter(served) -> tuple[VersionFileServer, Path, str]:
+    """The `served` server, its state directory also holding version 5 as an adapter folder."""
+    server, _, base = served
+    folder = version_file(server.home, MODEL, LORA, "lora")
+    folder.mkdir()
+    (folder / CONFIG_FILE).write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+    (folder / WEIGHTS_FILE).write_bytes(os.urandom(SIZE))
+    return server, folder, base
+
+
+def _lora_urls(base: str) -> list[str]:
+    """The URLs of the `adapter` fixture's config and weights."""
+    return [version_url(base, MODEL, LORA, kind) for kind in ("lora-config", "lora-weights")]
+
+
+def _shas(folder: Path) -> list[str]:
+    """The sha256 of an adapter folder's config and weights."""
+    return [file_sha256(folder / name) for name in (CONFIG_FILE, WEIGHTS_FILE)]
+
+
+def test_the_worker_and_the_trainer_name_an_adapters_files_alike() -> None:
+    assert (fetch.ADAPTER_CONFIG, fetch.ADAPTER_WEIGHTS) == (CONFIG_FILE, WEIGHTS_FILE)
+
+
+def test_a_lora_versions_two_files_are_served_with_the_token(adapter) -> None:
+    _, folder, base = adapter
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    config_url, weights_url = _lora_urls(base)
+    assert httpx.get(config_url, headers=auth).content == (folder / CONFIG_FILE).read_bytes()
+    reply = httpx.get(weights_url, headers=auth)
+    assert reply.status_code == 200 and reply.headers["Accept-Ranges"] == "bytes"
+    assert reply.content == (folder / WEIGHTS_FILE).read_bytes()
+    head = httpx.head(weights_url, headers=auth)
+    assert head.status_code == 200 and int(head.headers["Content-Length"]) == SIZE
+
+
+@pytest.mark.parametrize("kind", ["lora-config", "lora-weights"])
+def test_a_lora_file_needs_the_token(adapter, kind: str) -> None:
+    server, _, base = adapter
+    url = version_url(base, MODEL, LORA, kind)
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 403
+    assert server.refusals == 2 and server.bytes_sent == 0
+
+
+def test_a_range_of_the_adapters_weights_is_answered_206(adapter) -> None:
+    _, folder, base = adapter
+    reply = httpx.get(
+        _lora_urls(base)[1], headers={"Authorization": f"Bearer {TOKEN}", "Range": "bytes=7-99"}
+    )
+    assert reply.status_code == 206
+    assert reply.headers["Content-Range"] == f"bytes 7-99/{SIZE}"
+    assert reply.content == (folder / WEIGHTS_FILE).read_bytes()[7:100]
+
+
+@pytest.mark.parametrize(
+    "url_path",
+    [
+        f"/versions/tiny/{LORA}/lora",  # the folder itself is no file
+        f"/versions/tiny/{LORA}/delta",  # a LoRA version has no delta file
+        "/versions/tiny/3/lora-weights",  # version 3 is a delta, it has no adapter
+        "/versions/tiny/4/lora-config",  # no such version
+        f"/versions/tiny/{LORA}/lora-readme",  # not a kind
+        f"/versions/tiny/{LORA}/adapter_model.safetensors",  # a file name is no kind
+        f"/versions/tiny/{LORA}/lora/adapter_config.json",
+        f"/versions/tiny/{LORA}/lora-weights%2f..%2f..%2f3%2fdelta",
+    ],
+)
+def test_nothing_else_of_a_lora_version_is_served(adapter, url_path: str) -> None:
+    _, _, base = adapter
+    reply = httpx.get(base + url_path, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert reply.status_code == 404
+    assert reply.content == b"no such version file\n"
+
+
+def test_fetch_adapter_makes_a_verified_peft_folder_and_keeps_it(adapter, tmp_path) -> None:
+    server, folder, base = adapter
+    config_sha, weights_sha = _shas(folder)
+    config_url, weights_url = _lora_urls(base)
+    root = tmp_path / "adapters"
+    got = fetch_adapter((config_url, config_sha), (weights_url, weights_sha), TOKEN, root=root)
+    assert got.path == root / weights_sha
+    assert sorted(p.name for p in got.path.iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE])
+    assert (got.path / WEIGHTS_FILE).read_bytes() == (folder / WEIGHTS_FILE).read_bytes()
+    assert got.bytes_downloaded == server.bytes_sent == SIZE + (folder / CONFIG_FILE).stat().st_size
+    assert got.attempts == 2
+    assert sorted(p.name for p in root.iterdir()) == [weights_sha, f"{weights_sha}.lock"]
+    again = fetch_adapter((config_url, config_sha), (weights_url, weights_sha), TOKEN, root=root)
+    assert (again.path, again.attempts, again.bytes_downloaded) == (got.path, 0, 0)
+
+
+def test_fetch_adapter_refuses_a_mismatch_and_makes_no_folder(adapter, tmp_path) -> None:
+    _, folder, base = adapter
+    config_sha, _ = _shas(folder)
+    config_url, weights_url = _lora_urls(base)
+    wrong = sha256(b"another adapter")
+    root = tmp_path / "adapters"
+    with pytest.raises(FetchError, match="checksum mismatch .* nothing was read"):
+        fetch_adapter((config_url, config_sha), (weights_url, wrong), TOKEN, root=root)
+    assert not (root / wrong).exists()
+    assert not list(root.rglob("*.part"))  # the verified config is kept for the next attempt
+    with pytest.raises(FetchError, match="HTTP 403, the version-file token was refused"):
+        fetch_adapter((config_url, config_sha), (weights_url, wrong), "wrong", root=root)
+    with pytest.raises(FetchError, match="not a sha256"):
+        fetch_adapter((config_url, config_sha), (weights_url, "../../etc"), TOKEN, root=root)
+
+
+def test_a_new_adapter_deletes_the_downloaded_ones_the_server_no_longer_has(
+    adapter, tmp_path
+) -> None:
+    _, folder, base = adapter
+    config_sha, weights_sha = _shas(folder)
+    root = tmp_path / "adapters"
+    loaded, unloaded = root / ("a" * 64), root / ("b" * 64)
+    for old in (loaded, unloaded):
+        old.mkdir(parents=True)
+        (old / WEIGHTS_FILE).write_bytes(b"an older version")
+    (root / f"{'c' * 64}.parts").mkdir()  # an abandoned download's parts
+    (root / "not-ours").mkdir()  # nothing the worker wrote: never touched
+    config_url, weights_url = _lora_urls(base)
+    got = fetch_adapter(
+        (config_url, config_sha), (weights_url, weights_sha), TOKEN, keep=[str(loaded)], root=root
+    )
+    names = sorted(p.name for p in root.iterdir())
+    assert names == sorted(["a" * 64, weights_sha, f"{weights_sha}.lock", "not-ours"])
+    assert got.path.is_dir() and (loaded / WEIGHTS_FILE).is_file()
+
+
+def test_the_worker_reads_a_matching_adapter_path_and_downloads_otherwise(
+    adapter, tmp_path, monkeypatch
+) -> None:
+    server, folder, base = adapter
+    monkeypatch.setenv("RLGW_HOME", str(tmp_path / "backend-home"))
+    config_sha, weights_sha = _shas(folder)
+    config_url, weights_url = _lora_urls(base)
+    worker = WeightUpdateExtension()  # rlgw_fetch_adapter needs no model
+
+    def ask(path: str, token: str = TOKEN) -> dict:
+        for _ in range(400):
+            answer = worker.rlgw_fetch_adapter(
+                config_url, config_sha, weights_url, weights_sha, token, path=path
+            )
+            if not answer.get("pending"):
+                return answer
+            assert answer["delivery"] == "http" and answer["received"] >= 0
+            threading.Event().wait(0.05)
+        raise AssertionError("the download never ended")
+
+    by_path = ask(str(folder))
+    assert by_path == {
+        "ok": True,
+        "folder": str(folder),
+        "delivery": "path",
+        "delivery_reason": f"{folder} on this host has the version's sha256s",
+        "downloaded": 0,
+    }
+    assert server.bytes_sent == 0
+    gone = ask(str(tmp_path / "elsewhere"))
+    assert gone["ok"] and gone["delivery"] == "http"
+    assert "adapter_config.json is not readable on this host" in gone["delivery_reason"]
+    assert gone["folder"] == str(tmp_path / "backend-home" / "downloads" / "adapters" / weights_sha)
+    assert gone["downloaded"] == SIZE + (folder / CONFIG_FILE).stat().st_size
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / CONFIG_FILE).write_text("{}")
+    other = ask(str(tmp_path / "other"))
+    assert "is another file (its sha256 differs)" in other["delivery_reason"]
+    assert other["downloaded"] == 0  # the verified copy was already there
+    again = ask("", token="wrong")  # the verified copy is there: nothing is asked of the server
+    assert again["ok"] and again["downloaded"] == 0 and server.refusals == 0
+    worker_b = WeightUpdateExtension()
+    monkeypatch.setenv("RLGW_HOME", str(tmp_path / "another-backend"))
+    answer = worker_b.rlgw_fetch_adapter(
+        config_url, config_sha, weights_url, weights_sha, "wrong", path=""
+    )
+    while answer.get("pending"):
+        threading.Event().wait(0.05)
+        answer = worker_b.rlgw_fetch_adapter(
+            config_url, config_sha, weights_url, weights_sha, "wrong", path=""
+        )
+    assert not answer["ok"] and "HTTP 403" in answer["error"]
+    assert answer["error"].startswith("the trainer offered no path; fetching it: ")
+
+
+def test_a_background_adapter_fetch_reports_its_progress_and_result(
+    adapter, tmp_path, monkeypatch
+) -> None:
+    _, folder, base = adapter
+    monkeypatch.setenv("RLGW_HOME", str(tmp_path / "backend-home"))
+    config_sha, weights_sha = _shas(folder)
+    config_url, weights_url = _lora_urls(base)
+    job = BackgroundAdapterFetch((config_url, config_sha), (weights_url, weights_sha), TOKEN, "why")
+    job._thread.join(timeout=60)
+    assert job.done and job.error is None and job.received() == 0
+    assert job.result.path == tmp_path / "backend-home" / "downloads" / "adapters" / weights_sha
+
+
+def test_the_publisher_offers_a_stored_lora_version_over_http_only_when_it_serves_files(
+    make_database, tiny_model_dir, tmp_path
+) -> None:
+    db_url = make_database()
+    upgrade(db_url)
+    engine = make_sync_engine(db_url)
+    try:
+        with sync_session_factory(engine)() as db, db.begin():
+            store_model(db, MODEL_NAME, [], model_path=str(tiny_model_dir), replace=False)
+        plain = gateway_settings(db_url).model_copy(update={"home": tmp_path})
+        serving = plain.model_copy(update={"version_files_bind": "127.0.0.1:0"})
+        model = random_adapter(tiny_model_dir, rank=4, seed=5)
+        with Publisher(plain, engine, MODEL_NAME) as publisher:
+            published = publisher.record(0, model, LoraAdapter)
+            assert publisher.offered(published.update, 1) is published.update
+        folder = Path(published.update.path)
+        with Publisher(serving, engine, MODEL_NAME) as publisher:
+            offered = publisher.offered(published.update, 1)
+            elsewhere = LoraAdapter(tmp_path / "not-a-version", MODEL_NAME, 1)
+            assert publisher.offered(elsewhere, 1) is elsewhere
+            assert isinstance(offered, RemoteLora) and not offered.relative
+            assert (offered.path, offered.name) == (str(folder), published.update.name)
+            assert offered.weights.sha256 == file_sha256(folder / WEIGHTS_FILE)  # recorded
+            assert offered.config.sha256 == file_sha256(folder / CONFIG_FILE)
+            assert offered.token == version_files_token(serving) != ADMIN_KEY
+            assert offered.token not in repr(offered)
+            auth = {"Authorization": f"Bearer {offered.token}"}
+            for served_file, name in (
+                (offered.config, CONFIG_FILE),
+                (offered.weights, WEIGHTS_FILE),
+            ):
+                reply = httpx.get(served_file.url, headers=auth)
+                assert reply.content == (folder / name).read_bytes()
+    finally:
+        engine.dispose()

@@ -1,6 +1,7 @@
 """Verified swaps over HTTP: a trainer and a vLLM backend with separate state directories and no
 shared path. The backend runs in a mount namespace where the trainer's state directory is an
-empty tmpfs, so the path the trainer reports for a version file does not exist for its worker."""
+empty tmpfs, so the path the trainer reports for a version file (or a LoRA version's adapter
+folder) does not exist for its worker."""
 
 from __future__ import annotations
 
@@ -26,15 +27,17 @@ from rlgw.settings import Settings
 from trainer.parity import reference_scores, served_scores
 from trainer.publish import Publisher
 from trainer.push import push
-from trainer.swap.coordinator import SwapPlan
+from trainer.swap.coordinator import SwapPlan, SwapReport
 from trainer.versions import file_sha256, version_file
 from trainer.weight_update.files import DeltaFile
-from trainer.weight_update.remote import RemoteDelta
+from trainer.weight_update.lora import CONFIG_FILE, WEIGHTS_FILE, LoraAdapter
+from trainer.weight_update.remote import RemoteDelta, RemoteLora, ServedFile
 
 from conftest import MODEL_NAME, free_port, gateway_settings
-from swap_helpers import random_delta, reference_with, write_delta
+from swap_helpers import random_adapter, random_delta, reference_with, write_delta
 
 TOL = 1e-4
+RANK = 8  # the LoRA backend's --max-lora-rank is 8 too
 
 
 def _can_hide_paths() -> bool:
@@ -72,9 +75,14 @@ class Split:
     def reference(self) -> torch.nn.Module:
         return reference_with(self.model_dir, *self.applied)
 
-    def served_diff(self, model: torch.nn.Module) -> float:
+    def served_diff(self, model: torch.nn.Module, name: str = MODEL_NAME) -> float:
         with httpx.Client(timeout=120) as http:
-            return served_scores(http, self.url, MODEL_NAME).max_abs_diff(reference_scores(model))
+            return served_scores(http, self.url, name).max_abs_diff(reference_scores(model))
+
+    def adapters(self) -> list[str]:
+        """The LoRA adapters the backend has loaded."""
+        models = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"]
+        return sorted(m["id"] for m in models if m["id"] != MODEL_NAME)
 
     @contextlib.contextmanager
     def publisher(self) -> Iterator[Publisher]:
@@ -98,14 +106,16 @@ class Split:
         return Path(f"/proc/{self.pid}/root{path}").exists()
 
 
-@pytest.fixture(scope="module")
-def split(make_database, tiny_model_dir: Path, tmp_path_factory) -> Iterator[Split]:
+@contextlib.contextmanager
+def hidden_backend(make_database, model_dir: Path, tmp_path_factory, **launch) -> Iterator[Split]:
+    """A database of its own with one backend registered, started (with `launch`: more
+    `backend_command` arguments) where the trainer's state directory is hidden."""
     db_url = make_database()
     upgrade(db_url)
     trainer_home = tmp_path_factory.mktemp("trainer-home")
     backend_home = tmp_path_factory.mktemp("backend-home")
     port = free_port()
-    argv, env_add = backend_command(tiny_model_dir, port, served_model_name=MODEL_NAME)
+    argv, env_add = backend_command(model_dir, port, served_model_name=MODEL_NAME, **launch)
     log_path = tmp_path_factory.mktemp("http-logs") / "vllm.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
@@ -125,16 +135,20 @@ def split(make_database, tiny_model_dir: Path, tmp_path_factory) -> Iterator[Spl
             json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 4},
         )
         engine = make_sync_engine(db_url)
-        register_backend(
-            sync_session_factory(engine), MODEL_NAME, url, model_path=str(tiny_model_dir)
-        )
+        register_backend(sync_session_factory(engine), MODEL_NAME, url, model_path=str(model_dir))
         engine.dispose()
         settings = gateway_settings(db_url).model_copy(
             update={"home": trainer_home, "version_files_bind": "127.0.0.1:0"}
         )
-        yield Split(db_url, url, proc.pid, settings, trainer_home, backend_home, tiny_model_dir)
+        yield Split(db_url, url, proc.pid, settings, trainer_home, backend_home, model_dir)
     finally:
         stop_backend(proc)
+
+
+@pytest.fixture(scope="module")
+def split(make_database, tiny_model_dir: Path, tmp_path_factory) -> Iterator[Split]:
+    with hidden_backend(make_database, tiny_model_dir, tmp_path_factory) as started:
+        yield started
 
 
 def test_a_backend_without_the_trainers_path_is_swapped_over_http(split: Split, tmp_path) -> None:
@@ -248,3 +262,126 @@ def test_a_cut_off_download_resumes_where_it_stopped(split: Split) -> None:
     assert report.outcome == "swapped", report.reason
     assert report.bytes_shipped == len(data) - half == sent
     assert split.served_diff(split.reference()) <= TOL
+
+
+# ---------------------------------------------------------------------- LoRA versions
+
+
+@pytest.fixture(scope="module")
+def lora_split(make_database, tiny_model_dir: Path, tmp_path_factory) -> Iterator[Split]:
+    """A backend started for run-time LoRA adapters, where the trainer's directory is hidden
+    (`applied` stays empty: a LoRA version's reference is its peft model)."""
+    with hidden_backend(make_database, tiny_model_dir, tmp_path_factory, lora_rank=RANK) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def lora_v1(lora_split: Split) -> tuple[torch.nn.Module, SwapReport]:
+    """LoRA version 1 pushed to the backend over HTTP: its peft model and the swap's report."""
+    model = random_adapter(lora_split.model_dir, RANK, seed=21)
+    with lora_split.publisher() as publisher:
+        parent, reference = publisher.latest()
+        published = publisher.record(parent, model, LoraAdapter)
+        (report,) = publisher.push(published, model, reference_old=reference_scores(reference))
+    return model, report
+
+
+def _downloaded_adapters(split: Split) -> list[str]:
+    """The adapter folders the backend's worker downloaded (named by their weights' sha256)."""
+    root = split.backend_home / "downloads" / "adapters"
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and "." not in p.name)
+
+
+def test_a_lora_version_is_swapped_over_http_and_verified(lora_split: Split, lora_v1) -> None:
+    model, report = lora_v1
+    folder = version_file(lora_split.trainer_home, MODEL_NAME, 1, "lora")
+    assert (folder / WEIGHTS_FILE).is_file() and not lora_split.visible_to_backend(folder)
+    assert report.outcome == "swapped", report.reason
+    assert report.kind == "lora"
+    assert report.delivery.startswith("http delivery")
+    assert f"{folder / CONFIG_FILE} is not readable on this host" in report.delivery
+    sizes = sum((folder / name).stat().st_size for name in (CONFIG_FILE, WEIGHTS_FILE))
+    assert report.bytes_shipped == sizes  # both files came over the network
+    assert _downloaded_adapters(lora_split) == [file_sha256(folder / WEIGHTS_FILE)]
+    assert lora_split.backend_row().served_version == 1
+    assert lora_split.adapters() == [f"{MODEL_NAME}@v1"]
+    assert lora_split.served_diff(model, f"{MODEL_NAME}@v1") <= TOL
+    assert lora_split.served_diff(model) > 100 * TOL  # the adapter really changes the model
+
+
+def _assert_traffic_stays_on_v1(split: Split, model: torch.nn.Module) -> None:
+    row = split.backend_row()
+    assert (row.state, row.served_version) == ("active", 1)
+    assert split.adapters() == [f"{MODEL_NAME}@v1"]
+    assert split.served_diff(model, f"{MODEL_NAME}@v1") <= TOL
+
+
+def test_a_bad_token_is_refused_for_an_adapter_and_traffic_stays(lora_split: Split, lora_v1):
+    folder = version_file(lora_split.trainer_home, MODEL_NAME, 900, "lora")
+    model = random_adapter(lora_split.model_dir, RANK, seed=900)
+    model.save_pretrained(str(folder))
+    with lora_split.publisher() as publisher:
+        url = f"{publisher.source.base_url}/versions/{MODEL_NAME}/900"
+        update = RemoteLora(
+            folder,
+            MODEL_NAME,
+            900,
+            config=ServedFile(f"{url}/lora-config", file_sha256(folder / CONFIG_FILE)),
+            weights=ServedFile(f"{url}/lora-weights", file_sha256(folder / WEIGHTS_FILE)),
+            token="not-the-token",
+        )
+        plan = SwapPlan(
+            model_name=MODEL_NAME,
+            model_id=publisher.model.id,
+            parent_version=1,
+            new_version=900,
+            update=update,
+            reference_new=reference_scores(model),  # never reached
+            reference_old=reference_scores(lora_v1[0]),
+        )
+        (backend,) = publisher.coordinator.backends(publisher.model.id)
+        report = publisher.coordinator.swap_backend(backend, plan)
+        assert publisher.files_server.refusals >= 1
+    shutil.rmtree(folder)
+    assert report.outcome == "refused"
+    assert "HTTP 403" in report.reason and "token was refused" in report.reason
+    _assert_traffic_stays_on_v1(lora_split, lora_v1[0])
+
+
+def _flip_a_mantissa_byte(weights: Path) -> int:
+    """Change the lowest byte of one number in the middle of a safetensors file's data: the file
+    still parses, every number stays finite, only the checksum can tell. Returns its offset."""
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # after the header's length and the header
+    offset = start + (len(data) - start) // 8 * 4  # a number's first (lowest, mantissa) byte
+    data[offset] ^= 0x01
+    weights.write_bytes(bytes(data))
+    return offset
+
+
+def test_a_corrupted_adapter_download_is_refused_with_traffic_on_the_old_one(
+    lora_split: Split, lora_v1
+) -> None:
+    model = random_adapter(lora_split.model_dir, RANK, seed=22)
+    with lora_split.publisher() as publisher:
+        parent, reference = publisher.latest()
+        assert parent == 1
+        published = publisher.record(parent, model, LoraAdapter)
+        weights = Path(published.update.path) / WEIGHTS_FILE
+        original = weights.read_bytes()
+        _flip_a_mantissa_byte(weights)  # after the checksum was recorded
+        try:
+            assert not published.update.problems()  # the trainer's own check cannot tell
+            (report,) = publisher.push(published, model, reference_old=reference_scores(reference))
+        finally:
+            weights.write_bytes(original)
+    assert report.outcome == "refused"
+    assert "checksum mismatch" in report.reason and "nothing was read" in report.reason
+    assert f"{MODEL_NAME}@v2" not in lora_split.adapters()  # never loaded
+    _assert_traffic_stays_on_v1(lora_split, lora_v1[0])
+    root = lora_split.backend_home / "downloads" / "adapters"
+    assert not list(root.rglob("*.part"))
+    served = version_file(lora_split.trainer_home, MODEL_NAME, 1, "lora") / WEIGHTS_FILE
+    assert _downloaded_adapters(lora_split) == [file_sha256(served)]  # v1's, still loaded

@@ -8,6 +8,13 @@ attempt asks only for the rest (`Range: bytes=<have>-`). Only a file whose sha25
 trainer recorded for the version is renamed to `<sha256>.safetensors` and handed to the loader;
 a mismatch deletes the part and refuses, before any tensor is read. Workers of one server that
 download the same file take turns on a lock, so the second finds it done.
+
+A LoRA adapter (`fetch_adapter`, `rlgw_fetch_adapter`) is a folder of two files, each fetched
+and checked the same way, then moved under peft's names into `<dir>/adapters/<weights sha256>/`,
+the folder handed to `/v1/load_lora_adapter`. vLLM may read that folder again while the adapter
+stays loaded (it reloads an adapter evicted from its cache), so a downloaded adapter is kept
+while the server lists it: once a new one is in, every other downloaded adapter folder is
+deleted but those the trainer says the server has loaded (`keep`).
 """
 
 from __future__ import annotations
@@ -16,18 +23,27 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
+import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from trainer.cpu_priority import yield_cpu_to_serving
+
 ATTEMPTS = 4  # connections per download: a cut one is resumed from where it stopped
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
 _BLOCK = 1 << 20
+# peft's file names in an adapter folder (trainer/weight_update/lora.py has the same: this module
+# runs inside the vLLM worker, which imports nothing of the trainer's update classes)
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class FetchError(RuntimeError):
@@ -75,11 +91,17 @@ def _forget_others(folder: Path, keep: str) -> None:
                 other.unlink()
 
 
+def _checked_sha256(sha256: str) -> str:
+    """`sha256` in lower case; FetchError unless it is one (it also names files and folders)."""
+    sha256 = sha256.lower()
+    if not _SHA256.fullmatch(sha256):
+        raise FetchError(f"not a sha256: {sha256!r}")
+    return sha256
+
+
 def fetch_verified(url: str, token: str, sha256: str, folder: Path | None = None) -> Fetched:
     """The verified local copy of the file at `url` whose sha256 must be `sha256`."""
-    sha256 = sha256.lower()
-    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
-        raise FetchError(f"not a sha256: {sha256!r}")
+    sha256 = _checked_sha256(sha256)
     folder = folder or download_dir()
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -181,10 +203,14 @@ class BackgroundFetch:
         self._thread.start()
 
     def _run(self, url: str, token: str) -> None:
+        yield_cpu_to_serving()  # the download and its checksum must not slow the forward passes
         try:
-            self.result = fetch_verified(url, token, self.sha256)
+            self.result = self._fetch(url, token)
         except Exception as exc:  # reported to the trainer by the next poll
             self.error = exc
+
+    def _fetch(self, url: str, token: str) -> Fetched:
+        return fetch_verified(url, token, self.sha256)
 
     @property
     def done(self) -> bool:
@@ -194,5 +220,114 @@ class BackgroundFetch:
         """Bytes on disk so far (the trainer's measure of progress)."""
         try:
             return self.part.stat().st_size
+        except OSError:
+            return 0
+
+
+# ---------------------------------------------------------------------- LoRA adapter folders
+
+
+def adapters_dir() -> Path:
+    """Where a backend keeps downloaded adapters: <downloads>/adapters/<weights sha256>/."""
+    return download_dir() / "adapters"
+
+
+def adapter_mismatch(folder: Path, config_sha256: str, weights_sha256: str) -> str | None:
+    """Why `folder` is not the adapter whose two files have these sha256s; None when it is."""
+    for name, sha256 in ((ADAPTER_CONFIG, config_sha256), (ADAPTER_WEIGHTS, weights_sha256)):
+        file = folder / name
+        if not file.is_file():
+            return f"{file} is not readable on this host"
+        if file_digest(file) != sha256.lower():
+            return f"{file} on this host is another file (its sha256 differs)"
+    return None
+
+
+def fetch_adapter(
+    config: tuple[str, str],
+    weights: tuple[str, str],
+    token: str,
+    keep: Iterable[str | Path] = (),
+    root: Path | None = None,
+) -> Fetched:
+    """The verified local folder of the adapter whose config and weights are at these (url,
+    sha256): `<root>/<weights sha256>/` under peft's file names. Each file is downloaded as
+    `fetch_verified` does (resumable, its sha256 checked) before it is moved in, and the folder
+    is returned only once both files in it match. Then the other adapters under `root` are
+    deleted, but those in `keep` (the ones the server has loaded: vLLM may read them again)."""
+    t0 = time.perf_counter()
+    root = root or adapters_dir()
+    key = _checked_sha256(weights[1])
+    folder = root / key
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f"{key}.lock"):  # the workers of one server: the second finds it done
+        fetched = []
+        if adapter_mismatch(folder, config[1], weights[1]) is not None:
+            fetched = _download_adapter(root / f"{key}.parts", folder, config, weights, token)
+    _forget_adapters(root, keep=[folder, *(Path(k) for k in keep)])
+    return Fetched(
+        folder,
+        sum(f.bytes_downloaded for f in fetched),
+        sum(f.resumed_from for f in fetched),
+        sum(f.attempts for f in fetched),
+        time.perf_counter() - t0,
+    )
+
+
+def _download_adapter(
+    parts: Path, folder: Path, config: tuple[str, str], weights: tuple[str, str], token: str
+) -> list[Fetched]:
+    """Both files, each verified, then moved into `folder` (only then: never half an adapter)."""
+    fetched = {
+        # each file in a folder of its own: fetch_verified forgets the other files of its folder
+        name: fetch_verified(url, token, sha256, parts / name)
+        for name, (url, sha256) in ((ADAPTER_CONFIG, config), (ADAPTER_WEIGHTS, weights))
+    }
+    folder.mkdir(exist_ok=True)
+    for name, got in fetched.items():
+        got.path.replace(folder / name)
+    shutil.rmtree(parts, ignore_errors=True)
+    return list(fetched.values())
+
+
+def _forget_adapters(root: Path, keep: list[Path]) -> None:
+    """Downloaded adapters (folders, cut-off parts, locks) but those in `keep`: every other one
+    was unloaded, rolled back or abandoned, so vLLM reads it no more."""
+    kept = {path.resolve() for path in keep}
+    for entry in root.iterdir():
+        key = entry.name.split(".", 1)[0]
+        if not _SHA256.fullmatch(key) or (root / key).resolve() in kept:
+            continue  # not a download of ours, or a kept adapter's folder, parts or lock
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+class BackgroundAdapterFetch(BackgroundFetch):
+    """`fetch_adapter` in a thread of the worker, polled like `BackgroundFetch`
+    (`rlgw_fetch_adapter` answers "pending" until both files are in and verified)."""
+
+    def __init__(
+        self,
+        config: tuple[str, str],
+        weights: tuple[str, str],
+        token: str,
+        reason: str,
+        keep: Iterable[str] = (),
+    ) -> None:
+        self.config, self.weights, self.keep = config, weights, tuple(keep)
+        self.config_sha256 = config[1].lower()
+        super().__init__(weights[0], token, weights[1], reason)
+
+    def _fetch(self, url: str, token: str) -> Fetched:
+        return fetch_adapter(self.config, self.weights, token, self.keep)
+
+    def received(self) -> int:
+        """Bytes of both files on disk so far."""
+        parts = adapters_dir() / f"{self.sha256}.parts"
+        try:
+            return sum(p.stat().st_size for p in parts.glob("*/*.part"))
         except OSError:
             return 0

@@ -47,8 +47,9 @@ from .versions import (
 )
 from .weight_update.base import WeightUpdate
 from .weight_update.files import FullFile
+from .weight_update.lora import CONFIG_FILE, LoraAdapter
 from .weight_update.native_offer import native_offer
-from .weight_update.remote import VersionSource, remote
+from .weight_update.remote import RemoteLora, ServedFile, VersionSource, remote
 from .weight_update.stored import stored_update
 from .weights import state_dict
 
@@ -297,23 +298,36 @@ class Publisher:
 
     def offered(self, update: WeightUpdate, version: int) -> WeightUpdate:
         """`update` as backends get it: with a version-file server, also offered over HTTP
-        (with the version's recorded sha256) to a backend that cannot read its path; a LoRA
-        adapter's folder is not served that way (a backend loads it from a path it reads)."""
+        (with the version's recorded sha256) to a backend that cannot read its path. A stored
+        LoRA version likewise (`RemoteLora`): its weights with the recorded checksum (the
+        registry keeps one per version, of `payload_file`), its config with the sha256 taken
+        here, when it is offered; the backend loads its own verified copy of the folder."""
         path = Path(update.path)
-        kind = file_kind(path)
+        lora = isinstance(update, LoraAdapter)
+        kind = LoraAdapter.kind if lora else file_kind(path)
         if self.source is None or kind is None:
             return update
         if path != version_file(self.home, self.model.name, version, kind):
             return update  # not a stored version file: the server does not serve it
         with self.sessions() as db:
             row = db.scalar(self._row(version))
-        if row is not None and row.weights_path == str(path) and row.checksum:
-            sha256 = row.checksum
+        recorded = row.checksum if row is not None and row.weights_path == str(path) else None
+        url = functools.partial(version_url, self.source.base_url, self.model.name, version)
+        token = self.source.token
+        if lora:
+            if not recorded:
+                return update  # no checksum to check a download against: read from the path
+            config = ServedFile(url("lora-config"), file_sha256(path / CONFIG_FILE))
+            weights = ServedFile(url("lora-weights"), recorded)
+            return RemoteLora(
+                path, self.model.name, version, config=config, weights=weights, token=token
+            )
+        if recorded:
+            sha256 = recorded
         else:  # an anchor: its file is not the version's recorded one; hashed once
             sha256 = self._sums.get(str(path)) or file_sha256(path)
             self._sums[str(path)] = sha256
-        url = version_url(self.source.base_url, self.model.name, version, kind)
-        return remote(update, url, sha256, self.source.token)
+        return remote(update, url(kind), sha256, token)
 
     def _behind(self, version: int) -> list:
         """Backends serving another version than `version`, but for a candidate being judged."""

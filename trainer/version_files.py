@@ -1,12 +1,14 @@
 """The trainer's version-file server: its version files over HTTP, for backends on other hosts.
 
     GET|HEAD /versions/<model>/<version>/<kind>      kind: delta | full | anchor
+                                                      | lora-config | lora-weights
     Authorization: Bearer <token>                     401 without it, 403 with another
     Range: bytes=<start>-[<end>]                      206 and Content-Range (a download resumes)
 
 It serves only the files named by `versions.version_file` under its state directory, picked by
-model, version number and kind: no path from the request reaches the file system, so nothing
-else on the trainer's disk can be read, with or without the token. The token reads version
+model, version number and kind (a LoRA version's folder holds two files, one kind each, under
+peft's fixed names): no path from the request reaches the file system, so nothing else on the
+trainer's disk can be read, with or without the token. The token reads version
 files and nothing else: it is not the admin key (settings refuse that) and it opens no control
 endpoint. Integrity is not the server's job: the backend checks each file's sha256 against the
 version's recorded checksum before it reads a tensor (`trainer/fetch.py`).
@@ -25,11 +27,14 @@ from pathlib import Path
 from rlgw.settings import Settings
 
 from .versions import version_file
+from .weight_update.lora import CONFIG_FILE, WEIGHTS_FILE
 
-SERVED_KINDS = ("delta", "full", "anchor")
+FILE_KINDS = ("delta", "full", "anchor")  # a version's one safetensors file
+LORA_FILES = {"lora-config": CONFIG_FILE, "lora-weights": WEIGHTS_FILE}  # in its "lora" folder
+SERVED_KINDS = (*FILE_KINDS, *LORA_FILES)
 TOKEN_FILE = "version-files.token"
 _ROUTE = re.compile(
-    r"^/versions/(?P<model>[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})/(?P<version>\d{1,9})/(?P<kind>\w+)$"
+    r"^/versions/(?P<model>[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})/(?P<version>\d{1,9})/(?P<kind>[a-z-]{1,16})$"
 )
 _RANGE = re.compile(r"^bytes=(?P<start>\d+)-(?P<end>\d*)$")
 _CHUNK = 1 << 20
@@ -56,7 +61,16 @@ def file_kind(path: str | Path) -> str | None:
     """The kind part of a version file's name (`v000003-delta.safetensors` -> "delta")."""
     stem = Path(path).name.removesuffix(".safetensors")
     kind = stem.rpartition("-")[2]
-    return kind if kind in SERVED_KINDS else None
+    return kind if kind in FILE_KINDS else None
+
+
+def served_file(home: Path, model: str, version: int, kind: str) -> Path | None:
+    """The one file a request for `kind` of `version` may read; None for any other kind."""
+    if kind in LORA_FILES:
+        return version_file(home, model, version, "lora") / LORA_FILES[kind]
+    if kind in FILE_KINDS:
+        return version_file(home, model, version, kind)
+    return None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -90,9 +104,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.refusals += 1
             return self._refuse(403, "this token does not read version files")
         route = _ROUTE.match(self.path)
-        if route is None or route["kind"] not in SERVED_KINDS:
+        path = None
+        if route is not None:
+            version = int(route["version"])
+            path = served_file(self.server.home, route["model"], version, route["kind"])
+        if path is None:
             return self._refuse(404, "no such version file")
-        path = version_file(self.server.home, route["model"], int(route["version"]), route["kind"])
         try:
             f = path.open("rb")
         except OSError:

@@ -10,6 +10,8 @@ in three calls so that only the middle one happens while the server is paused:
     rlgw_apply()             put the prepared weights in place; restore the old ones on failure
     rlgw_commit() / rlgw_rollback()   drop the old weights, or put them back exactly
     rlgw_info()              the serving dtype (the trainer's verification band depends on it)
+    rlgw_fetch_adapter(...)  a LoRA version's adapter folder on this host (read from the
+                             trainer's path, or downloaded and verified) for /v1/load_lora_adapter
 
 `kind` is "full" (new weights) or "delta" (theta_new - theta_served), both in Hugging Face naming.
 
@@ -28,7 +30,9 @@ stage). A forward pass must never see a parameter pointed at scratch, so every f
 redirected: one chunk of `load_weights` (LOAD_CHUNK_BYTES) or one layer's packing at a time.
 Everything else the stage does touches private tensors or only reads served ones. The stage
 thread shares the GIL with the engine loop: it pages the file in with plain reads first (which
-release it), since safetensors' load_file keeps it while it faults pages in from disk.
+release it), since safetensors' load_file keeps it while it faults pages in from disk. And it
+runs at a low CPU priority (trainer/cpu_priority.py, nice 19 by default): where the backend has
+no spare core, the stage takes what the forward passes leave rather than slowing them.
 RLGW_STAGE_BACKGROUND=0 stages inside the call instead (the engine loop waits, as before).
 
 Two ways to apply:
@@ -68,6 +72,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainer.cpu_priority import quick_gil_handoff, yield_cpu_to_serving
 
 KINDS = ("full", "delta")
 APPLY_MODES = ("swap", "inplace")
@@ -247,6 +253,7 @@ class WeightUpdateExtension:
     _rlgw_reused = 0  # buffers taken from the pool by the current stage
     _rlgw_fetch: Any = None  # trainer.fetch.BackgroundFetch: a version file on its way (HTTP)
     _rlgw_fetched: tuple[str, dict[str, Any]] | None = None  # (sha256, report) of the last one
+    _rlgw_adapter_fetch: Any = None  # trainer.fetch.BackgroundAdapterFetch: an adapter (HTTP)
     _rlgw_serving_lock: threading.RLock | None = None  # held by forward steps (see the docstring)
     _rlgw_stage_thread: threading.Thread | None = None
     _rlgw_stage_report: dict[str, Any] | None = None  # the last stage's outcome
@@ -543,8 +550,10 @@ class WeightUpdateExtension:
             self._rlgw_recycle(prepared.saved)
 
     def _rlgw_stage_in_thread(self, path: str, kind: str) -> None:
+        nice = yield_cpu_to_serving()
         try:
-            report = self._rlgw_stage_now(path, kind)
+            with quick_gil_handoff():
+                report = {**self._rlgw_stage_now(path, kind), "nice": nice}
             gate = os.environ.get(STAGE_GATE_ENV)
             while gate and not Path(gate).exists():
                 time.sleep(0.05)
@@ -683,6 +692,61 @@ class WeightUpdateExtension:
         }
         self._rlgw_fetched = (fetch.sha256, result) if staged.get("ok") else None
         return result
+
+    def rlgw_fetch_adapter(
+        self,
+        config_url: str,
+        config_sha256: str,
+        weights_url: str,
+        weights_sha256: str,
+        token: str,
+        path: str = "",
+        keep: str = "",
+    ) -> dict[str, Any]:
+        """A LoRA adapter's folder on this host, for /v1/load_lora_adapter: the trainer's `path`
+        when its two files are on this host with these sha256s, else both files downloaded
+        (trainer/fetch.py: bearer token, resumable, each sha256 checked before the folder is
+        answered) into <downloads>/adapters/<weights sha256>/. The download runs in a thread:
+        until it is done this answers {"pending": True, "received": bytes} at once (the trainer
+        polls). `keep`: the folders the server has loaded, one a line; the other downloaded
+        adapters are deleted once this one is in. Touches no weights; says which delivery."""
+        from trainer.fetch import BackgroundAdapterFetch, adapter_mismatch
+
+        fetch = self._rlgw_adapter_fetch
+        wanted = (config_sha256.lower(), weights_sha256.lower())
+        if fetch is None or (fetch.config_sha256, fetch.sha256) != wanted:  # path or download?
+            reason = "the trainer offered no path"
+            if path:
+                reason = adapter_mismatch(Path(path), config_sha256, weights_sha256) or ""
+                if not reason:
+                    why = f"{path} on this host has the version's sha256s"
+                    report = {"delivery": "path", "delivery_reason": why, "downloaded": 0}
+                    return {"ok": True, "folder": path, **report}
+            fetch = self._rlgw_adapter_fetch = BackgroundAdapterFetch(
+                (config_url, config_sha256),
+                (weights_url, weights_sha256),
+                token,
+                reason,
+                keep=[line for line in keep.splitlines() if line],
+            )
+        report: dict[str, Any] = {"delivery": "http", "delivery_reason": fetch.reason}
+        if not fetch.done:
+            return {"ok": True, "pending": True, "received": fetch.received(), **report}
+        self._rlgw_adapter_fetch = None
+        if fetch.result is None:
+            return {"ok": False, "error": f"{fetch.reason}; fetching it: {fetch.error}", **report}
+        fetched = fetch.result
+        return {
+            "ok": True,
+            "folder": str(fetched.path),
+            "downloaded": fetched.bytes_downloaded,
+            "fetch": {
+                "seconds": fetched.seconds,
+                "resumed_from": fetched.resumed_from,
+                "attempts": fetched.attempts,
+            },
+            **report,
+        }
 
     @torch.no_grad()
     def rlgw_apply(self) -> dict[str, Any]:

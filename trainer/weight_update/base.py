@@ -26,7 +26,8 @@ from apply, commit or rollback it leaves the weights unknown, and the backend `f
 
 Implementations: `files.py` (`DeltaFile`, `FullFile`: safetensors in HF naming, read from a path
 by the project's worker extension), `remote.py` (`RemoteDelta`, `RemoteFull`: the same files,
-fetched over HTTP by a backend that cannot read the path) and `lora.py` (`LoraAdapter(adapter_dir,
+fetched over HTTP by a backend that cannot read the path; `RemoteLora`: a LoRA version's adapter
+folder likewise) and `lora.py` (`LoraAdapter(adapter_dir,
 model, version)`, kind "lora", not relative: a peft adapter folder loaded with
 `/v1/load_lora_adapter` under the versioned name `served_name(model, version)`, `"tiny@v3"`, the
 base name for version 0, at stage, outside the pause: nobody calls that name until routing moves
@@ -41,8 +42,14 @@ the new one; the gateway sends a LoRA model's traffic under its backend's served
   a bearer token scoped to version files, never the admin key; Range, so a download resumes),
   check its sha256 against `policy_versions.checksum` before reading a tensor, then prepare it
   as `rlgw_stage` does; `Staged.note` says which delivery and why. Apply, commit and rollback are
-  the file ones, and the network time stays outside the pause. The publisher offers updates
-  this way when `RLGW_VERSION_FILES_BIND` is set (docs/deployment.md).
+  the file ones, and the network time stays outside the pause. `RemoteLora(adapter_dir, model,
+  version, config=, weights=, token=)` does the same for a LoRA version: `rlgw_fetch_adapter`
+  gives the worker the trainer's folder when both files are on its host with their sha256s, and
+  otherwise downloads and verifies both (the weights against `policy_versions.checksum`, the
+  config against the sha256 the publisher took) into a folder of its own, which the stage then
+  loads with `/v1/load_lora_adapter`; apply, verify, commit and rollback are `LoraAdapter`'s.
+  The publisher offers updates this way when `RLGW_VERSION_FILES_BIND` is set
+  (docs/deployment.md).
 - **vLLM's native weight-transfer engine**, implemented, EXPERIMENTAL (never run against a GPU
   vLLM server): `nccl.py` (`NcclTransfer`, `IpcTransfer`, kind "nccl"/"ipc", full weights, not
   relative; server flag `--weight-transfer-config '{"backend": "nccl"}'`, trainer side

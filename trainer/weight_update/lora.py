@@ -11,6 +11,11 @@ version; `rollback` unloads the new one: the old one never left, so the rollback
 adapter holds the whole update from the base, so it installs its version whatever the backend
 served before (not relative). The server needs `--enable-lora`, `--max-lora-rank` at least the
 adapter's rank and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` (`rlgw/backend_launcher.py`).
+
+`load_lora_adapter` hands vLLM a path that the backend's own host must read. For a backend on
+another host the publisher offers a stored version as `RemoteLora` instead (`remote.py`, with a
+version-file server): only its stage differs, which has the backend's worker download both files
+and verify them first, then loads the backend's own copy.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from trainer.vllm_control import ControlError, VllmControl
 
 from .base import Staged, WeightUpdate
 
+# peft's names (trainer/fetch.py, inside the worker, names a downloaded adapter's files the same)
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 
