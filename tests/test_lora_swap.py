@@ -25,7 +25,6 @@ from rlgw.db.models import Backend, PolicyVersion, RegisteredModel
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
 from trainer.export_model import export_model
-from trainer.lora import with_adapter
 from trainer.parity import reference_scores, served_scores
 from trainer.service import OnlineTrainer
 from trainer.swap.coordinator import SwapPlan
@@ -42,7 +41,7 @@ from conftest import (
     start_vllm_servers,
     stop_vllm_servers,
 )
-from swap_helpers import output_logprobs
+from swap_helpers import output_logprobs, random_adapter
 
 RANK = 8  # the server's --max-lora-rank is 8 too
 TOLERANCE = 1e-4  # fp32 parity
@@ -179,14 +178,7 @@ def _plan(trainer: OnlineTrainer, update: LoraAdapter, reference) -> SwapPlan:
 
 def _adapter_of_rank(env: Env, rank: int, path: Path, seed: int) -> torch.nn.Module:
     """A peft model with a random (non-zero) adapter of `rank`, saved at `path`."""
-    from rlgw.adapters import LoraSpec
-
-    torch.manual_seed(seed)
-    model = with_adapter(load_reference_model(env.model_dir), LoraSpec(rank, 2.0 * rank))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
+    model = random_adapter(env.model_dir, rank=rank, seed=seed)
     model.save_pretrained(str(path))
     return model
 

@@ -14,7 +14,7 @@ STAGE_NICE_ENV = "RLGW_STAGE_NICE"  # nice value of a backend's background work 
 def yield_cpu_to_serving() -> int | None:
     """Lower the calling thread's CPU priority to RLGW_STAGE_NICE (19 by default): on a backend
     with no spare core the stage then takes the time the forward passes leave, instead of
-    slowing them (measured on bench-0.5b, 2 cores: a request 2.7x its unloaded latency without).
+    slowing them.
     On Linux nice is per thread, and the OpenMP workers that this thread's tensor operations start
     inherit it; the engine loop's thread and its workers keep theirs. The value set (None where
     the platform cannot)."""
