@@ -66,17 +66,19 @@ class LatencyProbe:
     def __init__(self, url: str, model: str = SERVED_NAME) -> None:
         self.url, self.model = url, model
         self.spans: list[tuple[float, float]] = []
+        self.walls: list[float] = []  # each request's start, wall clock (the worker's timeline)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         with httpx.Client(timeout=900.0) as http:
             while not self._stop.is_set():
-                t0 = time.perf_counter()
+                t0, wall = time.perf_counter(), time.time()
                 http.post(
                     f"{self.url}/v1/completions", json=probe_request(self.model)
                 ).raise_for_status()
                 self.spans.append((t0, time.perf_counter()))
+                self.walls.append(wall)
 
     def __enter__(self) -> LatencyProbe:
         self._thread.start()
@@ -89,11 +91,39 @@ class LatencyProbe:
 
     def during(self, start: float, end: float) -> dict:
         before = [b - a for a, b in self.spans if b < start]
-        overlapping = [b - a for a, b in self.spans if a < end and b > start]
+        overlapping = [
+            (b - a, wall)
+            for (a, b), wall in zip(self.spans, self.walls, strict=True)
+            if a < end and b > start
+        ]
+        slowest = sorted(overlapping, reverse=True)[:3]
         return {
             "usual_latency_s": statistics.median(before) if before else None,
-            "max_latency_during_s": max(overlapping) if overlapping else None,
+            "max_latency_during_s": slowest[0][0] if slowest else None,
+            "requests_during": len(overlapping),
+            "slowest_during": [{"latency_s": s, "start_wall": w} for s, w in slowest],
         }
+
+
+def idle_window(url: str, seconds: float, model: str = SERVED_NAME) -> dict:
+    """The control for a stage's stall: the same probe for `seconds` with no stage at all (the
+    slowest of as many requests as a stage sees, on this machine as it is)."""
+    with LatencyProbe(url, model) as probe:
+        start = time.perf_counter()
+        time.sleep(seconds)
+        end = time.perf_counter()
+    return probe.during(start, end)
+
+
+def overlapping_phases(stall: dict, worker_stage: dict | None) -> list[str]:
+    """For each slowest request during a stage: the worker's stage phases it overlapped."""
+    timeline = (worker_stage or {}).get("timeline") or []
+    out = []
+    for slow in stall.get("slowest_during", []):
+        a, b = slow["start_wall"], slow["start_wall"] + slow["latency_s"]
+        names = sorted({name for name, s, e in timeline if s < b and e > a})
+        out.append(f"{slow['latency_s']:.3f}s: {', '.join(names) or 'no phase'}")
+    return out
 
 
 def timed_swap(
@@ -158,6 +188,7 @@ def timed_swap(
         "out_of_service_s": t_verified - t_pause,
         "verify_s": steps["parity"],
         "slowest_request_during_stage_s": stall["max_latency_during_s"],
+        "slowest_overlapped": overlapping_phases(stall, _first_worker(staged.detail)),
         "usual_latency_s": stall["usual_latency_s"],
         "steps": steps,
         "parity_max_diff": verdict.diff_new,

@@ -42,7 +42,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.processes import log  # noqa: E402
-from bench.swap_timing import ROW_KEYS, SERVED_NAME, timed_swap, unloaded_latency  # noqa: E402
+from bench.swap_timing import (  # noqa: E402
+    ROW_KEYS,
+    SERVED_NAME,
+    idle_window,
+    timed_swap,
+    unloaded_latency,
+)
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
 from rlgw.ports import free_port  # noqa: E402
 from trainer.init_model import PRESETS, create_model  # noqa: E402
@@ -58,6 +64,7 @@ REFUSAL_CASES = ("no-op", "half", "wrong")
 RESULTS = Path(__file__).resolve().parent / "results" / "weight_sync.json"
 TARGET_PAUSE_S = 1.0  # for bench-0.5b
 TARGET_RATIO = 20.0
+IDLE_WINDOW_S = 20.0  # the control window: the probe with no stage, as long as a stage
 TARGET_STALL = 1.5  # slowest request during a stage / unloaded latency, bench-0.5b (issue 14)
 
 
@@ -210,6 +217,7 @@ def one_swap(
     swap["stage_stall"] = {
         "usual_latency_s": swap["usual_latency_s"],
         "max_latency_during_s": swap["slowest_request_during_stage_s"],
+        "slowest_overlapped": swap["slowest_overlapped"],
     }
     swap["pause_window_s"] = swap["pause_ms"] / 1000
     swap["server_rss_gib"] = rss
@@ -299,6 +307,13 @@ def bench_dtype(
         noise = served_scores(http, url, SERVED_NAME).max_abs_diff(current)
         result["base_parity_max_diff"] = noise
         result["unloaded_latency_s"] = unloaded_latency(http, url)
+        control = idle_window(url, IDLE_WINDOW_S)
+        result["idle_window"] = {"seconds": IDLE_WINDOW_S, **control}
+        log(
+            f"{preset} {dtype}: unloaded latency {result['unloaded_latency_s']:.3f}s; control, "
+            f"no stage: slowest of {control['requests_during']} requests in {IDLE_WINDOW_S:.0f} "
+            f"s {control['max_latency_during_s']:.3f}s"
+        )
         result["server_rss_gib_before_swaps"] = group_rss_gib(proc.pid)
         log(f"{preset} {dtype}: base weights parity {noise:.2e}")
         for i in range(args.repeats):
@@ -382,6 +397,7 @@ def log_swap(label: str, swap: dict) -> None:
         + " / ".join(f"{v:.2f}" for v in swap["server_rss_gib"].values())
         + " GiB (staged / applied / committed)"
     )
+    log(f"{label}:     slowest requests overlapped: " + "; ".join(swap["slowest_overlapped"]))
     for step in ("stage", "apply"):
         phases = (swap[f"worker_{step}"] or {}).get("phases", {})
         if phases:
@@ -434,6 +450,7 @@ def summarise(result: dict) -> None:
         "stage_s": stat([s["steps"]["stage"] for s in swaps]),
         "stage_stall_s": stat([s["stage_stall"]["max_latency_during_s"] or 0.0 for s in swaps]),
         "unloaded_latency_s": result["unloaded_latency_s"],
+        "idle_window_slowest_s": result["idle_window"]["max_latency_during_s"],
         "apply_s": stat([s["steps"]["apply"] for s in swaps]),
         "pause_window_s": stat([s["pause_window_s"] for s in swaps]),
         "out_of_service_s": stat([s["out_of_service_s"] for s in swaps]),
@@ -572,6 +589,11 @@ def main(argv: list[str] | None = None) -> int:
         if r["preset"] == "bench-0.5b":
             pause = s["pause_window_s"]["median"]
             stall = s["stage_stall_s"]["max"] / s["unloaded_latency_s"]
+            control = s["idle_window_slowest_s"] / s["unloaded_latency_s"]
+            print(
+                f"{r['dtype']}: control, the slowest request in {IDLE_WINDOW_S:.0f} s with no "
+                f"stage: {s['idle_window_slowest_s']:.3f} s ({control:.1f}x unloaded)"
+            )
             print(
                 f"{r['dtype']}: target pause window < {TARGET_PAUSE_S:.0f} s: "
                 f"{'met' if pause < TARGET_PAUSE_S else 'MISSED'} ({pause:.3f} s); "

@@ -27,10 +27,12 @@ The stage runs in a background thread of the worker, so the engine loop keeps se
 while it reads, validates, adds and packs (requests to a lone backend no longer wait for a whole
 stage). A forward pass must never see a parameter pointed at scratch, so every forward step
 (`execute_model`, `sample_tokens`) holds a lock, and the stage holds it only while parameters are
-redirected: one chunk of `load_weights` (LOAD_CHUNK_BYTES) or one layer's packing at a time.
+redirected: one chunk of `load_weights` (LOAD_CHUNK_BYTES) at a time (a layer's new packed copy
+is built on a stand-in, `_PackingShadow`, and needs no lock).
 Everything else the stage does touches private tensors or only reads served ones. The stage
-thread shares the GIL with the engine loop: it pages the file in with plain reads first (which
-release it), since safetensors' load_file keeps it while it faults pages in from disk. And it
+thread shares the GIL with the engine loop: it reads the file with plain reads (which release
+the GIL) and takes its tensors as views of a map of it (trainer/safetensors_read.py), since
+safetensors' load_file keeps the GIL while it copies each tensor out into fresh memory. And it
 runs at a low CPU priority (trainer/cpu_priority.py, nice 19 by default): where the backend has
 no spare core, the stage takes what the forward passes leave rather than slowing them.
 RLGW_STAGE_BACKGROUND=0 stages inside the call instead (the engine loop waits, as before).
@@ -74,6 +76,7 @@ from typing import Any
 import torch
 
 from trainer.cpu_priority import quick_gil_handoff, yield_cpu_to_serving
+from trainer.safetensors_read import read_tensors
 
 KINDS = ("full", "delta")
 APPLY_MODES = ("swap", "inplace")
@@ -81,7 +84,7 @@ APPLY_MODE_ENV = "RLGW_WEIGHT_APPLY"
 POOL_ENV = "RLGW_WEIGHT_POOL"
 STAGE_BACKGROUND_ENV = "RLGW_STAGE_BACKGROUND"
 FORWARD_METHODS = ("execute_model", "sample_tokens")  # the worker calls that read the weights
-LOAD_CHUNK_BYTES = 64 * 2**20  # tensors loaded per hold of the serving lock
+LOAD_CHUNK_BYTES = 16 * 2**20  # tensors loaded per hold of the serving lock
 # Tests only: a background stage, once prepared, waits while this file is absent, so that a test
 # can send requests while a stage is certainly in progress (a real stage of the tiny model ends
 # in milliseconds: no other way to hold one open on demand).
@@ -174,33 +177,24 @@ def _chunks(tensors: dict[str, torch.Tensor], limit: int) -> Iterator[list[tuple
         yield group
 
 
-def _page_in(path: str, chunk: int = 16 * 2**20) -> None:
-    """Read the file through once, so that load_file then maps it from the page cache.
-    load_file holds the GIL while it faults pages in from disk (measured: a 24 s read of a
-    1.4 GB delta under memory pressure made a request wait 25 s); a plain read releases the GIL
-    during each system call, so the engine loop's thread keeps running meanwhile."""
-    buffer = bytearray(chunk)
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buffer):
-            pass
-
-
 class _Phases:
     """Seconds per named phase, accumulated."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.timeline: list[tuple[str, float, float]] = []  # (name, wall start, wall end)
         self._name: str | None = None
-        self._t0 = 0.0
+        self._t0 = self._wall0 = 0.0
 
     def start(self, name: str) -> None:
         self.stop()
-        self._name, self._t0 = name, time.perf_counter()
+        self._name, self._t0, self._wall0 = name, time.perf_counter(), time.time()
 
     def stop(self) -> None:
         if self._name is not None:
             elapsed = time.perf_counter() - self._t0
             self.seconds[self._name] = self.seconds.get(self._name, 0.0) + elapsed
+            self.timeline.append((self._name, self._wall0, self._wall0 + elapsed))
             self._name = None
 
 
@@ -211,6 +205,35 @@ class _ModuleState:
     module: torch.nn.Module
     old: dict[str, Any]
     new: dict[str, Any]
+
+
+class _PackingShadow:
+    """Stands in for a linear layer while vLLM's CPU GEMM dispatch packs its new weights: the
+    dispatch reads `weight` and `bias` and sets `cpu_linear` (and may convert the bias, or keep
+    an unpacked copy) on this object, never on the layer that serves."""
+
+    def __init__(
+        self, module: torch.nn.Module, by_id: dict[int, str], new_data: dict[str, torch.Tensor]
+    ) -> None:
+        for attr in ("weight", "bias"):
+            param = getattr(module, attr, None)
+            if param is not None:
+                data = new_data.get(by_id.get(id(param), ""), param.data)
+                param = torch.nn.Parameter(data, requires_grad=False)
+            setattr(self, attr, param)
+
+    def state(
+        self, module: torch.nn.Module, by_id: dict[int, str], new_data: dict[str, torch.Tensor]
+    ) -> _ModuleState:
+        """What the dispatch set, as a change of `module`; the new tensors it converted (a bias to
+        fp32, say) replace theirs in `new_data`."""
+        for attr in ("weight", "bias"):
+            name = by_id.get(id(getattr(module, attr, None)), "")
+            if name in new_data:
+                new_data[name] = getattr(self, attr).data
+        new = {k: v for k, v in vars(self).items() if k not in ("weight", "bias")}
+        old = {k: module.__dict__.get(k, _MISSING) for k in new}
+        return _ModuleState(module, old, new)
 
 
 @dataclass
@@ -359,51 +382,18 @@ class WeightUpdateExtension:
     def _rlgw_pack_aside(
         self, modules: list[torch.nn.Module], new_data: dict[str, torch.Tensor]
     ) -> list[_ModuleState]:
-        """Pack new weights for these modules without changing what they serve: point their
-        parameters at the new tensors, dispatch, keep what the dispatch set, put everything back."""
+        """Pack new weights for these modules without touching what they serve: each module's
+        dispatch runs on a stand-in (`_PackingShadow`) that holds the new tensors, so the served
+        module is never changed and forward steps go on meanwhile (no serving lock)."""
         from vllm.model_executor.layers import utils
 
         by_id = {id(p): name for name, p in self._rlgw_params().items()}
         states = []
         for module in modules:
-            owned = [p for p in module.parameters(recurse=False) if by_id.get(id(p)) in new_data]
-            with self._rlgw_serving_paused():
-                states.append(self._rlgw_pack_one(utils, module, owned, by_id, new_data))
+            shadow = _PackingShadow(module, by_id, new_data)
+            utils.dispatch_cpu_unquantized_gemm(shadow, remove_weight=False)
+            states.append(shadow.state(module, by_id, new_data))
         return states
-
-    @staticmethod
-    def _rlgw_pack_one(
-        utils: Any,
-        module: torch.nn.Module,
-        owned: list[torch.nn.Parameter],
-        by_id: dict[int, str],
-        new_data: dict[str, torch.Tensor],
-    ) -> _ModuleState:
-        """Pack one module's new weights aside; on return it serves exactly what it did."""
-        before_attrs = dict(module.__dict__)
-        before_data = [p.data for p in owned]
-        try:
-            for p in owned:
-                p.data = new_data[by_id[id(p)]]
-            utils.dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-            for p in owned:  # a dispatch may convert a tensor (e.g. a bias to fp32)
-                new_data[by_id[id(p)]] = p.data
-            changed = [
-                k for k, v in module.__dict__.items() if before_attrs.get(k, _MISSING) is not v
-            ]
-            return _ModuleState(
-                module,
-                {k: before_attrs.get(k, _MISSING) for k in changed},
-                {k: module.__dict__[k] for k in changed},
-            )
-        finally:
-            for p, data in zip(owned, before_data, strict=True):
-                p.data = data
-            for k in [k for k in module.__dict__ if k not in before_attrs]:
-                del module.__dict__[k]
-            module.__dict__.update(
-                {k: v for k, v in before_attrs.items() if module.__dict__.get(k) is not v}
-            )
 
     @staticmethod
     def _rlgw_set_attrs(states: list[_ModuleState], which: str) -> None:
@@ -525,6 +515,7 @@ class WeightUpdateExtension:
             "modules_repacked": len(prepared.modules),
             "buffers_reused": self._rlgw_reused,
             "phases": phases.seconds,
+            "timeline": phases.timeline,
         }
         return prepared
 
@@ -598,7 +589,7 @@ class WeightUpdateExtension:
         """Read and validate an update and prepare it, without touching the served weights."""
         from safetensors.torch import load_file
 
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         problem = self._rlgw_check_weights_kept()
         if problem:
             return {"ok": False, "error": problem}
@@ -609,8 +600,9 @@ class WeightUpdateExtension:
         t_read = time.perf_counter()
         try:
             if self._rlgw_stage_thread is threading.current_thread():
-                _page_in(path)
-            tensors = load_file(path)
+                tensors = read_tensors(path)  # the GIL free while bytes come in; no copy
+            else:
+                tensors = load_file(path)
         except Exception as exc:  # a missing or malformed file is a refused update, not a crash
             return {"ok": False, "error": f"cannot read {path}: {exc}"}
         t_validate = time.perf_counter()
@@ -631,6 +623,13 @@ class WeightUpdateExtension:
             "validate": t_prepare - t_validate,
             **prepared.info.pop("phases"),
         }
+        read_wall = wall0 + (t_read - t0)  # the timeline is in wall-clock seconds (time.time)
+        validate_wall = read_wall + phases["read"]
+        prepared.info["timeline"] = [
+            ("read", read_wall, validate_wall),
+            ("validate", validate_wall, validate_wall + phases["validate"]),
+            *prepared.info["timeline"],
+        ]
         return {
             "ok": True,
             "tensors": count,
