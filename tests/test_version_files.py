@@ -251,9 +251,10 @@ def test_the_admin_key_is_refused_as_the_file_token() -> None:
         Settings(admin_key="an-admin-key-0123456789", version_files_token="an-admin-key-0123456789")
 
 
-def test_the_publisher_offers_recorded_files_over_http_only_when_it_serves_them(
-    make_database, tiny_model_dir, tmp_path
-) -> None:
+@pytest.fixture()
+def publishing(make_database, tiny_model_dir, tmp_path):
+    """A migrated database with the tiny model registered: its engine, settings without a
+    version-file server, and the same settings serving version files."""
     db_url = make_database()
     upgrade(db_url)
     engine = make_sync_engine(db_url)
@@ -261,24 +262,30 @@ def test_the_publisher_offers_recorded_files_over_http_only_when_it_serves_them(
         with sync_session_factory(engine)() as db, db.begin():
             store_model(db, MODEL_NAME, [], model_path=str(tiny_model_dir), replace=False)
         plain = gateway_settings(db_url).model_copy(update={"home": tmp_path})
-        serving = plain.model_copy(update={"version_files_bind": "127.0.0.1:0"})
-        delta = random_delta(tiny_model_dir, seed=3)
-        with Publisher(plain, engine, MODEL_NAME) as publisher:
-            published = publisher.record(0, delta, DeltaFile)
-            assert publisher.offered(published.update, 1) is published.update
-        with Publisher(serving, engine, MODEL_NAME) as publisher:
-            offered = publisher.offered(published.update, 1)
-            elsewhere = DeltaFile(tmp_path / "not-a-version-file.safetensors")
-            assert publisher.offered(elsewhere, 1) is elsewhere
-            url, token = offered.url, offered.token
-            assert isinstance(offered, RemoteDelta) and offered.relative
-            assert offered.path == published.update.path
-            assert offered.sha256 == file_sha256(published.update.path)  # the recorded checksum
-            reply = httpx.get(url, headers={"Authorization": f"Bearer {token}"})
-            assert reply.content == Path(published.update.path).read_bytes()
-        assert token == version_files_token(serving) != ADMIN_KEY
+        yield engine, plain, plain.model_copy(update={"version_files_bind": "127.0.0.1:0"})
     finally:
         engine.dispose()
+
+
+def test_the_publisher_offers_recorded_files_over_http_only_when_it_serves_them(
+    publishing, tiny_model_dir, tmp_path
+) -> None:
+    engine, plain, serving = publishing
+    delta = random_delta(tiny_model_dir, seed=3)
+    with Publisher(plain, engine, MODEL_NAME) as publisher:
+        published = publisher.record(0, delta, DeltaFile)
+        assert publisher.offered(published.update, 1) is published.update
+    with Publisher(serving, engine, MODEL_NAME) as publisher:
+        offered = publisher.offered(published.update, 1)
+        elsewhere = DeltaFile(tmp_path / "not-a-version-file.safetensors")
+        assert publisher.offered(elsewhere, 1) is elsewhere
+        url, token = offered.url, offered.token
+        assert isinstance(offered, RemoteDelta) and offered.relative
+        assert offered.path == published.update.path
+        assert offered.sha256 == file_sha256(published.update.path)  # the recorded checksum
+        reply = httpx.get(url, headers={"Authorization": f"Bearer {token}"})
+        assert reply.content == Path(published.update.path).read_bytes()
+    assert token == version_files_token(serving) != ADMIN_KEY
 
 
 def test_a_background_fetch_downloads_in_a_thread_and_reports_its_progress(
@@ -502,37 +509,28 @@ def test_a_background_adapter_fetch_reports_its_progress_and_result(
 
 
 def test_the_publisher_offers_a_stored_lora_version_over_http_only_when_it_serves_files(
-    make_database, tiny_model_dir, tmp_path
+    publishing, tiny_model_dir, tmp_path
 ) -> None:
-    db_url = make_database()
-    upgrade(db_url)
-    engine = make_sync_engine(db_url)
-    try:
-        with sync_session_factory(engine)() as db, db.begin():
-            store_model(db, MODEL_NAME, [], model_path=str(tiny_model_dir), replace=False)
-        plain = gateway_settings(db_url).model_copy(update={"home": tmp_path})
-        serving = plain.model_copy(update={"version_files_bind": "127.0.0.1:0"})
-        model = random_adapter(tiny_model_dir, rank=4, seed=5)
-        with Publisher(plain, engine, MODEL_NAME) as publisher:
-            published = publisher.record(0, model, LoraAdapter)
-            assert publisher.offered(published.update, 1) is published.update
-        folder = Path(published.update.path)
-        with Publisher(serving, engine, MODEL_NAME) as publisher:
-            offered = publisher.offered(published.update, 1)
-            elsewhere = LoraAdapter(tmp_path / "not-a-version", MODEL_NAME, 1)
-            assert publisher.offered(elsewhere, 1) is elsewhere
-            assert isinstance(offered, RemoteLora) and not offered.relative
-            assert (offered.path, offered.name) == (str(folder), published.update.name)
-            assert offered.weights.sha256 == file_sha256(folder / WEIGHTS_FILE)  # recorded
-            assert offered.config.sha256 == file_sha256(folder / CONFIG_FILE)
-            assert offered.token == version_files_token(serving) != ADMIN_KEY
-            assert offered.token not in repr(offered)
-            auth = {"Authorization": f"Bearer {offered.token}"}
-            for served_file, name in (
-                (offered.config, CONFIG_FILE),
-                (offered.weights, WEIGHTS_FILE),
-            ):
-                reply = httpx.get(served_file.url, headers=auth)
-                assert reply.content == (folder / name).read_bytes()
-    finally:
-        engine.dispose()
+    engine, plain, serving = publishing
+    model = random_adapter(tiny_model_dir, rank=4, seed=5)
+    with Publisher(plain, engine, MODEL_NAME) as publisher:
+        published = publisher.record(0, model, LoraAdapter)
+        assert publisher.offered(published.update, 1) is published.update
+    folder = Path(published.update.path)
+    with Publisher(serving, engine, MODEL_NAME) as publisher:
+        offered = publisher.offered(published.update, 1)
+        elsewhere = LoraAdapter(tmp_path / "not-a-version", MODEL_NAME, 1)
+        assert publisher.offered(elsewhere, 1) is elsewhere
+        assert isinstance(offered, RemoteLora) and not offered.relative
+        assert (offered.path, offered.name) == (str(folder), published.update.name)
+        assert offered.weights.sha256 == file_sha256(folder / WEIGHTS_FILE)  # recorded
+        assert offered.config.sha256 == file_sha256(folder / CONFIG_FILE)
+        assert offered.token == version_files_token(serving) != ADMIN_KEY
+        assert offered.token not in repr(offered)
+        auth = {"Authorization": f"Bearer {offered.token}"}
+        for served_file, name in (
+            (offered.config, CONFIG_FILE),
+            (offered.weights, WEIGHTS_FILE),
+        ):
+            reply = httpx.get(served_file.url, headers=auth)
+            assert reply.content == (folder / name).read_bytes()
