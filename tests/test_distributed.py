@@ -1,4 +1,5 @@
-"""Two trainer processes (FSDP2 over gloo) make the same update as one; a dead rank fails the step.
+"""Two trainer processes (FSDP2 over gloo; a LoRA policy replicated with DDP) make the same update
+as one; a dead rank fails the step.
 
 Each test starts two CPU processes with the tiny model (~20 s on two cores)."""
 
@@ -27,6 +28,7 @@ from update_fixtures import (  # noqa: E402
 )
 
 from trainer.config import TrainerConfig  # noqa: E402
+from trainer.distributed import DistContext  # noqa: E402
 from trainer.update import policy_update  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +79,35 @@ def test_two_processes_make_the_single_process_update(tmp_path: Path) -> None:
         torch.testing.assert_close(momentum[name], buffer, rtol=1e-5, atol=1e-9, msg=name)
     distributed = json.loads((out / "metrics.json").read_text())
     for key in ("loss", "grad_norm", "tokens", "kl_behave"):
+        assert distributed[key] == pytest.approx(metrics[key], rel=1e-6), key
+
+
+def test_two_processes_train_a_lora_policy_as_one_and_stay_replicas(tmp_path: Path) -> None:
+    """Rank 1 starts from other base weights and another adapter and gets rank 0's (DDP); the
+    adapter's gradients are averaged, rank 0's moments are saved and restored on every rank."""
+    sys.path.insert(0, str(WORKER.parent))
+    from distributed_worker import lora_policy
+
+    out = tmp_path / "out"
+    run = torchrun("--out", str(out), "--lora")
+    assert run.returncode == 0, run.stdout + run.stderr
+    single = lora_policy(0, DistContext(0, 1, 0, torch.device("cpu")))
+    trainable = single.reference.named_parameters()
+    before = {n: p.detach().clone() for n, p in trainable if p.requires_grad}
+    single.update(interleaved_samples())
+    metrics = single.update(interleaved_samples())
+    expected = single.weights()
+    ranks = [load_file(str(out / f"adapter-{r}.safetensors")) for r in range(2)]
+    assert ranks[0].keys() == expected.keys() and all("lora_" in n for n in expected)
+    assert all(torch.equal(ranks[0][n], ranks[1][n]) for n in expected)  # replicas, bitwise
+    assert_same_update(ranks[0], expected, before, RTOL)
+    assert any(not torch.equal(expected[n], before[n]) for n in expected)  # it did train
+    moments = [load_file(str(out / f"moments-{r}.safetensors")) for r in range(2)]
+    assert moments[0].keys() == moments[1].keys() and len(moments[0]) == len(expected)
+    assert all(torch.equal(moments[0][k], moments[1][k]) for k in moments[0])
+    assert any(bool(m.abs().sum() > 0) for m in moments[1].values())  # rank 0's, not zeros
+    distributed = json.loads((out / "metrics.json").read_text())
+    for key in ("loss", "grad_norm", "tokens"):
         assert distributed[key] == pytest.approx(metrics[key], rel=1e-6), key
 
 

@@ -7,6 +7,9 @@ with the served log-probs."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
 from trainer.export_model import export_model
 from trainer.parity import reference_scores, served_scores
+from trainer.publish import Publisher
 from trainer.service import OnlineTrainer
 from trainer.swap.coordinator import SwapPlan
 from trainer.weight_update.lora import LoraAdapter
@@ -280,3 +284,35 @@ def test_rlgw_push_refuses_a_lora_model(env, trained, tmp_path):
     write_update({"model.norm.weight": torch.zeros(64)}, path)
     with pytest.raises(BadUpdate, match="LoRA"):
         push(env.settings, env.db_url, MODEL_NAME, delta=path)
+
+
+def test_two_trainer_processes_train_a_lora_version_that_passes_the_swap(env, trained):
+    """`rlgw train --nproc 2` on a LoRA model (its recorded mode, no flags): the adapter is
+    replicated over two gloo ranks (DDP), rank 0 alone claims, records and swaps it in, and the
+    backend serves it under its versioned name with the version's own log-probs."""
+    for reward in (1.0, 0.0, 0.5, 1.0):
+        env.episode(reward)
+    with env.db() as db:
+        before = db.scalar(select(RegisteredModel.current_version))
+    home = str(env.settings.home)
+    environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": home}
+    done = subprocess.run(
+        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+        + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 process(es), LoRA rank 8" in done.stdout, done.stdout[-2000:]
+    assert "[swapped]" in done.stdout, done.stdout[-2000:]
+    with env.db() as db:
+        now = db.scalar(select(RegisteredModel.current_version))
+        kind = db.scalar(select(PolicyVersion.kind).where(PolicyVersion.version == now))
+    assert (now, kind) == (before + 1, "lora")
+    assert env.adapters() == [f"{MODEL_NAME}@v{now}"]
+    with Publisher(env.settings, make_sync_engine(env.db_url), MODEL_NAME) as publisher:
+        reference = publisher.latest()[1]  # the recorded version, rebuilt from its folder
+    served = served_scores(httpx.Client(), env.backend, f"{MODEL_NAME}@v{now}")
+    assert served.max_abs_diff(reference_scores(reference)) <= TOLERANCE

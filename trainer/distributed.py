@@ -89,6 +89,38 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def replicate_model(model: torch.nn.Module) -> torch.nn.Module:
+    """LoRA over several ranks: every rank holds the whole model (the frozen base and the small
+    adapter), wrapped in DDP, which first gives every rank rank 0's parameters and buffers and
+    then averages the adapter's gradients over the ranks after each backward, as FSDP2 does for
+    sharded ones (the update scales the loss to match). Call where `shard_model` would be."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, broadcast_buffers=False)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a `replicate_model` wrapper (itself otherwise)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def is_distributed_model(model: torch.nn.Module) -> bool:
+    """Sharded (`shard_model`) or replicated (`replicate_model`): its gradients are reduced."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(model, FSDPModule | DistributedDataParallel)
+
+
+def broadcast_trainable(model: torch.nn.Module) -> None:
+    """Rank 0's values of the trainable parameters (a replicated adapter) on every rank."""
+    for param in model.parameters():
+        if param.requires_grad:
+            dist.broadcast(param.data, src=0)
+
+
 def gather_full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter whole, by HF name, tied weights once (as trainer.weights.state_dict), on
     the CPU of rank 0; {} on the other ranks. A collective: every rank must call it."""

@@ -8,8 +8,9 @@ reference is refreshed from the gathered weights after each update, on rank 0 on
 
 With LoRA (`config.lora_rank`) both copies are peft models: the base frozen, the adapter trained
 (AdamW over the adapter's parameters only), and the reference refreshed with the adapter alone.
-LoRA is one process only for now (FSDP2 over a peft model is not wired up): several ranks are a
-ValueError.
+With several ranks a LoRA model is replicated, not sharded (`replicate_model`: DDP): the adapter
+is small, every rank holds the whole model, the adapter's gradients are averaged, and every
+rank's optimizer takes the same step, so rank 0's optimizer state is everybody's.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from .config import TrainerConfig
 from .device import prepare_model
 from .distributed import (
     DistContext,
+    broadcast_trainable,
     full_optimizer_state,
     gather_full_state,
     is_rank0,
     load_full_state,
     load_optimizer_state,
+    replicate_model,
     shard_model,
+    unwrap,
 )
 from .lora import adapter_state, copy_adapter, spec_of, with_adapter
 from .optimizer_state import NAME, load_state, restore_optimizer, save_optimizer, save_state
@@ -45,15 +49,13 @@ class Policy:
         """`reference`: the current version's model, fp32 on the CPU (rank 0: materialized; the
         other ranks: any model of the same architecture, their weights come from rank 0)."""
         self.config, self.dist = config, dist
-        self.sharded = dist.world_size > 1
         self.lora = spec_of(config)
+        many = dist.world_size > 1
+        self.sharded = many and self.lora is None  # FSDP2 shards
+        self.replicated = many and self.lora is not None  # DDP copies (see the docstring)
         if self.lora is not None:
-            if self.sharded:
-                raise ValueError(
-                    "LoRA trains in one process: drop --nproc (or lora_rank for FSDP2 sharding)"
-                )
             reference = with_adapter(reference, self.lora)  # a new adapter computes the base
-        shares = not self.sharded and dist.device.type == "cpu"
+        shares = not many and dist.device.type == "cpu"
         self.reference = reference.eval()
         self.training = (
             prepare_model(reference, config, dist.device)
@@ -63,6 +65,8 @@ class Policy:
         if self.sharded:
             shard_model(self.training)
             load_full_state(self.training, state_dict(reference) if is_rank0() else None)
+        elif self.replicated:  # DDP gives every rank rank 0's weights, base and adapter
+            self.training = replicate_model(self.training)
         self.training.eval()
         self.optimizer = self._new_optimizer()
         config_of = reference.config
@@ -71,9 +75,12 @@ class Policy:
     @classmethod
     def for_rank(cls, reference: torch.nn.Module | None, base_path: str | None, config, dist):
         """Rank 0 passes the materialized reference; the others build the architecture from the
-        base checkpoint rank 0 names (broadcast), and receive the weights from it."""
+        base checkpoint rank 0 names (broadcast), and receive the weights from it. Every rank
+        trains with rank 0's config (which the model's recorded mode may have changed: LoRA)."""
         if dist.world_size > 1:
-            base_path = collectives.broadcast_object(base_path if is_rank0() else None)
+            base_path, config = collectives.broadcast_object(
+                (base_path, config) if is_rank0() else None
+            )
         if reference is None:
             reference = load_reference_model(base_path)
         return cls(reference, config, dist)
@@ -87,8 +94,10 @@ class Policy:
         after this); {} on the other ranks. A collective under torch.distributed. With LoRA:
         the adapter's tensors only."""
         if self.lora is not None:
+            if not is_rank0():
+                return {}
             if self.training is not self.reference:
-                copy_adapter(self.training, self.reference)
+                copy_adapter(unwrap(self.training), self.reference)
             return adapter_state(self.reference)
         if self.training is self.reference:
             return state_dict(self.reference)
@@ -106,6 +115,10 @@ class Policy:
         if self.training is not self.reference:
             if self.sharded:
                 load_full_state(self.training, weights if is_rank0() else None)
+            elif self.replicated:  # rank 0's adapter, then everybody's
+                if is_rank0():
+                    load_full(unwrap(self.training), weights)
+                broadcast_trainable(self.training)
             else:
                 load_full(self.training, weights)
         self.optimizer = self._new_optimizer()
@@ -132,13 +145,21 @@ class Policy:
     def save_moments(self, gathered: dict | None, path: Path, version: int) -> None:
         """Save the optimizer state reached by `version`, as `gather_moments` returned it
         (rank 0 writes; the others do nothing)."""
-        if not self.sharded:
+        if self.sharded:
+            if is_rank0():
+                save_state(gathered, path, version, keyed_by=NAME)
+        elif is_rank0():  # one process, or replicated: rank 0's optimizer is everybody's
             save_optimizer(self.optimizer, path, version)
-        elif is_rank0():
-            save_state(gathered, path, version, keyed_by=NAME)
 
     def restore_moments(self, path: Path, version: int) -> str:
-        """Restore the moments saved for `version`, if any (a collective when sharded)."""
+        """Restore the moments saved for `version`, if any (a collective when distributed)."""
+        if self.replicated:  # rank 0 restores its own; the others take its state
+            message = restore_optimizer(self.optimizer, path, version) if is_rank0() else ""
+            mine = self.optimizer.state_dict() if is_rank0() else None
+            state = collectives.broadcast_object(mine)
+            if not is_rank0():
+                self.optimizer.load_state_dict(state)
+            return message
         if not self.sharded:
             return restore_optimizer(self.optimizer, path, version)
         state, message = load_state(path, version, keyed_by=NAME) if is_rank0() else (None, "")

@@ -121,6 +121,7 @@ class OnlineTrainer:
             if released:
                 self.log(f"[train] released {released} session(s) claimed by a stopped trainer")
         self.policy = Policy.for_rank(reference, base_path, config, self.dist)
+        self.config = config = self.policy.config  # rank 0's, on every rank
         self.model = self.policy.reference  # rank 0: the current version's weights, fp32, CPU
         self.optimizer_path = state_path(settings.home, model_name)
         restored = self.policy.restore_moments(self.optimizer_path, self.version)

@@ -9,6 +9,7 @@ import torch
 from . import collectives
 from .config import TrainerConfig
 from .device import autocast, check_placement
+from .distributed import is_distributed_model
 from .loss import METRICS, decoupled_ppo_loss, token_logprobs
 from .microbatch import empty_batch, pack_microbatches, to_device
 from .samples import Batch, Sample, collate
@@ -69,13 +70,17 @@ def policy_update(
 ) -> dict[str, float]:
     """Optimise on `samples`; returns token-weighted metrics over the minibatches (all ranks).
 
-    Under torch.distributed the model must be sharded with `trainer.distributed.shard_model` and
+    Under torch.distributed the model must be sharded with `trainer.distributed.shard_model` (or,
+    a LoRA model, replicated with `replicate_model`) and
     every rank passes the same samples (`broadcast_samples`); the update then equals the
     single-process one. Raises UpdateOutOfMemory, naming the settings to lower, on a device OOM.
     """
     device = check_placement(model, config)
-    if collectives.world_size() > 1 and not _is_sharded(model):
-        raise ValueError("under torch.distributed, call trainer.distributed.shard_model first")
+    if collectives.world_size() > 1 and not is_distributed_model(model):
+        raise ValueError(
+            "under torch.distributed, call trainer.distributed.shard_model (or replicate_model "
+            "for LoRA) first"
+        )
     steps: list[int] = []  # one entry per optimizer step taken
     failure = None
     model.train()
@@ -127,7 +132,8 @@ def _optimise(
                 imp_weight_mode=config.imp_weight_mode,
                 token_normalizer=n_tokens,  # sum over micro-batches and ranks = minibatch loss
             )
-            # FSDP2 averages gradients over ranks; times world it is their sum, the full gradient.
+            # FSDP2 and DDP average gradients over ranks; times world it is their sum, the full
+            # gradient.
             (loss * world).backward()
             weighted = [metrics[k] * metrics["tokens"] for k in METRICS] + [metrics["tokens"]]
             sums = [a + b for a, b in zip(sums, weighted, strict=True)]
@@ -139,12 +145,6 @@ def _optimise(
     tokens = max(totals[-1], 1.0)
     out = {k: v / tokens for k, v in zip(METRICS, totals[:-1], strict=True)}
     return {**out, "tokens": totals[-1], "grad_norm": grad_norms / tokens}
-
-
-def _is_sharded(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 def _oom_message(config: TrainerConfig, device: torch.device, failure: str, steps: int) -> str:

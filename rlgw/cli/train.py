@@ -50,12 +50,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     given = {k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None}
     if args.lora_targets:
         given["lora_targets"] = tuple(args.lora_targets.split(","))
-    if args.lora_rank and args.nproc > 1:
-        raise CommandError(
-            "--lora-rank trains in one process: drop --nproc (FSDP2 over adapters is not "
-            "supported yet)",
-            code=2,
-        )
     try:
         config = TrainerConfig(**given, gradient_checkpointing=args.gradient_checkpointing)
     except ValueError as exc:  # the config says what to set instead

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from update_fixtures import random_samples, tiny_model
@@ -71,7 +70,3 @@ def test_an_adapter_with_non_finite_weights_is_refused(tmp_path: Path) -> None:
     save_file(tensors, str(adapter.payload_file))
     assert "NaN" in adapter.problems()[0]
 
-
-def test_lora_under_several_processes_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="one process"):
-        Policy(tiny_model(), TrainerConfig(lora_rank=4), DistContext(0, 2, 0, torch.device("cpu")))
