@@ -92,7 +92,25 @@ def page_in(path: str, slice_bytes: int = SLICE_BYTES) -> None:
             pass
 
 
-def read_tensors(path: str) -> dict[str, torch.Tensor]:
+class MappedTensors(dict):
+    """read_tensors' answer: the tensors by name, views of `mapping` (None when nothing is
+    mapped)."""
+
+    mapping: mmap.mmap | None = None
+
+    def drop_pages(self, slice_bytes: int = SLICE_BYTES) -> None:
+        """Give the map's pages back a slice at a time (MADV_DONTNEED), before the map goes with
+        the last tensor: one munmap of the whole 1.4 GB would hold the process's memory map
+        lock while a forward step may need it. The tensors stay valid (a page read again comes
+        back from the file); do it when they are no longer needed."""
+        mapping = self.mapping
+        if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        for start in range(0, len(mapping), slice_bytes):
+            mapping.madvise(mmap.MADV_DONTNEED, start, min(slice_bytes, len(mapping) - start))
+
+
+def read_tensors(path: str) -> MappedTensors:
     """Every tensor of the safetensors file at `path` (equal to what `load_file` gives), as views
     of a private copy-on-write map of the file (writing to one never reaches the file). The map
     lives as long as one of the tensors does."""
@@ -100,13 +118,12 @@ def read_tensors(path: str) -> dict[str, torch.Tensor]:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         header, start = read_header(f, size)
+        tensors = MappedTensors()
         if size == start:  # nothing to map (no tensor, or only empty ones)
             data = torch.empty(0, dtype=torch.uint8)
         else:
-            data = torch.frombuffer(
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), dtype=torch.uint8
-            )
-    tensors: dict[str, torch.Tensor] = {}
+            tensors.mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            data = torch.frombuffer(tensors.mapping, dtype=torch.uint8)
     for name, entry in header.items():
         begin, end = (start + offset for offset in entry["data_offsets"])
         dtype = DTYPES[entry["dtype"]]

@@ -76,7 +76,7 @@ from typing import Any
 import torch
 
 from trainer.cpu_priority import quick_gil_handoff, yield_cpu_to_serving
-from trainer.safetensors_read import read_tensors
+from trainer.safetensors_read import MappedTensors, read_tensors
 
 KINDS = ("full", "delta")
 APPLY_MODES = ("swap", "inplace")
@@ -507,8 +507,9 @@ class WeightUpdateExtension:
                 name: self._rlgw_buffer(name, params[name].data, "cpu").copy_(params[name].data)
                 for name in names
             }
-        phases.stop()
+        phases.start("free_pool")
         self._rlgw_pool = None  # what this update did not need: free it
+        phases.stop()
         prepared.info = {
             "mode": mode,
             "parameters": len(names),
@@ -616,7 +617,11 @@ class WeightUpdateExtension:
         except Exception as exc:
             return {"ok": False, "error": f"cannot prepare the update: {exc}"}
         count = len(tensors)
+        released = time.time()
+        if isinstance(tensors, MappedTensors):
+            tensors.drop_pages()
         del tensors
+        prepared.info["timeline"].append(("release", released, time.time()))
         self._rlgw_staged = prepared
         phases = {
             "read": t_validate - t_read,

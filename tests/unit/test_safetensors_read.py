@@ -43,6 +43,13 @@ def test_the_tensors_map_the_file_and_writing_one_never_reaches_it(saved):
     assert torch.equal(read_tensors(str(saved))["embed"], load_file(str(saved))["embed"])
 
 
+def test_the_tensors_stay_valid_after_their_pages_are_given_back(saved):
+    tensors = read_tensors(str(saved))
+    tensors.drop_pages(slice_bytes=4096)
+    expected = load_file(str(saved))
+    assert all(torch.equal(tensors[name], expected[name]) for name in expected)
+
+
 def test_a_tensor_misaligned_for_its_dtype_is_copied_out_whole(tmp_path):
     half, single = torch.tensor([1.5], dtype=torch.bfloat16), torch.tensor([2.25, -3.0])
     header = {
