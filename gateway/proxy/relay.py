@@ -20,6 +20,7 @@ from .echo import EchoStream
 from .fastjson import loads
 from .shaping import shown_as
 from .sse import sse_lines
+from .upstream import UpstreamStream
 
 
 class RecordedStream(StreamingResponse):
@@ -48,7 +49,7 @@ class Relay:
     def __init__(
         self,
         call: Call,
-        upstream: httpx.Response,
+        upstream: UpstreamStream,
         held: contextlib.AsyncExitStack,
         recorder: Recorder,
     ) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from .fastjson import dumps
+from .upstream import UpstreamStream
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -19,7 +18,7 @@ def sse_event(event: str, payload: dict[str, Any]) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
-async def sse_lines(upstream: httpx.Response) -> AsyncIterator[bytes]:
+async def sse_lines(upstream: UpstreamStream) -> AsyncIterator[bytes]:
     """The lines of a server-sent event stream. A line ends with CRLF, LF or CR, as SSE defines
     it (not at U+2028 and its kin, which a JSON string may hold)."""
     rest = b""
