@@ -19,7 +19,7 @@ from .call import Call, fill, ms_since
 from .echo import EchoStream
 from .fastjson import loads
 from .shaping import shown_as
-from .sse import sse_lines
+from .sse import sse_line_batches
 from .upstream import UpstreamStream
 
 
@@ -112,9 +112,12 @@ class Relay:
         try:
             if start := shaper.start():
                 yield b"".join(start)
-            async for line in sse_lines(self.upstream):
-                ended = self._take(line, out)
-                if out:  # the events of one chunk in one write
+            async for lines in sse_line_batches(self.upstream):
+                ended = None
+                for line in lines:
+                    if ended := self._take(line, out):
+                        break
+                if out:  # the events of one read of the backend in one write
                     batch, out = b"".join(out), []
                     yield batch
                 if ended:

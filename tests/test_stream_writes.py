@@ -1,0 +1,106 @@
+"""The relay answers the events of one read of the backend in one write to the client (not one
+per event), and the client still gets every event, each recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from gateway.main import create_app
+from rlgw.db.migrate import upgrade
+
+from conftest import ADMIN_KEY, LiveServer, fetch_record, free_port, gateway_settings
+from fakes import FAKE_BACKEND, FAKE_MODEL, _sse_chunks
+
+CHUNKS = _sse_chunks(True, FAKE_MODEL)  # two token events, then [DONE]
+
+
+@pytest.fixture(scope="module")
+def database(make_database: Callable[[], str]) -> str:
+    url = make_database()
+    upgrade(url)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO models (id, name) VALUES (1, :m)"), {"m": FAKE_MODEL})
+        conn.execute(
+            text(
+                "INSERT INTO backends (model_id, url, state, served_version) "
+                "VALUES (1, :url, 'active', 0)"
+            ),
+            {"url": FAKE_BACKEND},
+        )
+    engine.dispose()
+    return url
+
+
+def backend(reads: list[bytes]) -> Callable[[httpx.Request], httpx.Response]:
+    async def body():
+        for data in reads:
+            yield data
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    return answer
+
+
+class CountingWrites:
+    """ASGI wrapper: the non-empty body messages the app sent per request path."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.writes = app, []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def counting(message: Any) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                self.writes.append((scope["path"], message["body"]))
+            await send(message)
+
+        await self.app(scope, receive, counting if scope["type"] == "http" else send)
+
+
+@pytest.fixture
+def gateway(database: str) -> Iterator[Callable[[list[bytes]], tuple[str, CountingWrites]]]:
+    servers: list[LiveServer] = []
+
+    def start(reads: list[bytes]) -> tuple[str, CountingWrites]:
+        app = create_app(
+            gateway_settings(database), upstream_transport=httpx.MockTransport(backend(reads))
+        )
+        counted = CountingWrites(app)
+        servers.append(LiveServer(counted, free_port()).__enter__())
+        return servers[-1].url, counted
+
+    yield start
+    for server in servers:
+        server.__exit__(None, None, None)
+
+
+def stream(url: str) -> tuple[str, httpx.Response]:
+    with httpx.Client(base_url=url, timeout=30) as http:
+        body = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}]}
+        reply = http.post("/v1/chat/completions", json=body | {"stream": True})
+    return reply.text, reply
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["one-read", "a-read-per-event"])
+def test_events_of_one_read_go_out_in_one_write(gateway, together: bool):
+    reads = [b"".join(CHUNKS)] if together else CHUNKS
+    url, counted = gateway(reads)
+    body, reply = stream(url)
+    assert reply.status_code == 200
+    assert body.count("data: ") == 3 and body.endswith("data: [DONE]\n\n")
+    writes = [w for path, w in counted.writes if path == "/v1/chat/completions"]
+    # The token events: one write when they came in one read, one each otherwise; then the
+    # stream's end (after the record is stored), its own write.
+    assert len(writes) == (2 if together else 3)
+    assert writes[-1] == b"data: [DONE]\n\n"
+    with httpx.Client(base_url=url, headers={"X-Admin-Key": ADMIN_KEY}) as admin:
+        record = fetch_record(admin, reply.headers["X-Completion-Id"])
+    assert record["status"] == "complete" and record["output_token_ids"] == [7, 8]
