@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from rlgw.db.models import AgentSession, Backend, Completion
 from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, NOT_FOLLOWING, add_reason
 
+from . import implicit_batch
 from .lineage_store import link_into_session
 from .record import CompletionRecord
 
@@ -32,10 +33,14 @@ async def store_batch(
     COMMIT. The groups it did commit are skipped, found after locking the batch's sessions, so
     that a transaction the server is still finishing is waited out, not raced.
 
-    Core statements, compiled once, not ORM sessions: an implicit session is inserted by the
-    statement that inserts its completion, so a lone implicit record (the common case at low
-    concurrency) is BEGIN, one INSERT, COMMIT."""
+    A batch of implicit records only (the common case) is one statement in its own transaction,
+    one round trip (`implicit_batch.py`). Otherwise Core statements, compiled once, not ORM
+    sessions, in one transaction; an implicit session is inserted by the statement that inserts
+    its completion."""
     records = [r for g in groups for r in g]
+    if implicit_batch.fits(records, settle_first):
+        await implicit_batch.store_implicit(engine, records)
+        return
     async with engine.begin() as conn:
         if settle_first:
             implicit = [_implicit_session(r) for r in records if r.implicit_session]

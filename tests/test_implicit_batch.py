@@ -1,0 +1,154 @@
+"""The one-statement write of implicit records: it stores exactly what the transactional write
+stores, all of a batch or none of it, committed when it returns, in one statement."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import event, text
+
+from gateway.errors import APIError
+from gateway.recording import implicit_batch
+from gateway.recording.record import CompletionRecord
+from gateway.recording.recorder import Recorder
+from gateway.recording.store import store_batch
+from rlgw.db.engine import make_async_engine
+from rlgw.db.migrate import upgrade
+
+
+def record(
+    record_id: str | None = None, *, translated: bool = False, stream: bool = False
+) -> CompletionRecord:
+    rid = record_id or "chatcmpl-" + uuid.uuid4().hex
+    now = datetime.now(UTC)
+    return CompletionRecord(
+        id=rid,
+        session_id="implicit-" + rid,
+        implicit_session=True,
+        tenant="acme",
+        agent_key_id=None,
+        api="chat.completions",
+        model="tiny",
+        stream=stream,
+        request={"model": "tiny", "messages": [{"role": "user", "content": "héllo \u2028"}]},
+        backend_request={"model": "tiny", "x": [1, 2.5, None]} if translated else None,
+        created_at=now,
+        finished_at=now,
+        policy_version=3,
+        prompt_token_ids=[1, 2, 3],
+        output_token_ids=[7, 8],
+        output_logprobs=[-0.25, -0.5],
+        finish_reason="stop",
+        status="complete",
+        response={"id": rid, "choices": [{"index": 0, "text": "ok"}]},
+        latency_ms=12.5,
+        ttft_ms=None,
+        continuation_hash="ab" * 32,
+        continuation_len=5,
+    )
+
+
+@pytest.fixture
+async def engine(make_database: Callable[[], str]) -> AsyncIterator:
+    url = make_database()
+    upgrade(url)
+    engine = make_async_engine(url)
+    yield engine
+    await engine.dispose()
+
+
+async def rows(engine, table: str, key: str, ids: list[str]) -> list[dict]:
+    """The stored rows, every column as text, without `key` (the ids differ by design)."""
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            text(
+                f"SELECT to_jsonb(t) AS row FROM {table} t WHERE {key} = ANY(:ids) ORDER BY {key}"
+            ),
+            {"ids": ids},
+        )
+        out = []
+        for (row,) in found:
+            for name in ("id", "session_id", "created_at", "closed_at", "finished_at"):
+                row.pop(name, None)
+            response = row.get("response")
+            if isinstance(response, dict):
+                response.pop("id", None)
+            out.append(row)
+        return out
+
+
+@pytest.mark.parametrize("translated", [False, True])
+async def test_stores_exactly_what_the_transactional_write_stores(engine, translated: bool):
+    fast, slow = record(translated=translated), record(translated=translated)
+    assert implicit_batch.fits([fast], settle_first=False)
+    await store_batch(engine, [[fast]], settle_first=False)  # the one-statement write
+    await store_batch(engine, [[slow]], settle_first=True)  # the transactional write
+    got = await rows(engine, "completions", "id", [fast.id, slow.id])
+    assert len(got) == 2 and got[0] == got[1]
+    sessions = await rows(engine, "sessions", "id", [fast.session_id, slow.session_id])
+    assert len(sessions) == 2 and sessions[0] == sessions[1]
+    async with engine.connect() as conn:  # the JSON text itself, too (json, not jsonb)
+        texts = (
+            await conn.execute(
+                text(
+                    "SELECT request::text, backend_request::text, backend_request IS NULL "
+                    "FROM completions WHERE id = ANY(:ids)"
+                ),
+                {"ids": [fast.id, slow.id]},
+            )
+        ).all()
+    assert texts[0] == texts[1]
+
+
+async def test_a_batch_is_one_statement_committed_when_it_returns(engine):
+    statements: list[str] = []
+    event.listen(
+        engine.sync_engine,
+        "before_cursor_execute",
+        lambda conn, cursor, sql, params, context, many: statements.append(sql),
+    )
+    batch = [record() for _ in range(5)]
+    await store_batch(engine, [[r] for r in batch], settle_first=False)
+    assert len(statements) == 1 and statements[0].startswith("WITH implicit_sessions")
+    # Committed: another connection sees every row (a rolled-back write would leave none).
+    assert len(await rows(engine, "completions", "id", [r.id for r in batch])) == 5
+
+
+async def test_one_bad_row_stores_none_of_the_batch(engine):
+    first = record()
+    await store_batch(engine, [[first]], settle_first=False)
+    batch = [record(), record(first.id), record()]  # the second collides with a stored id
+    with pytest.raises(Exception, match="duplicate key"):
+        await store_batch(engine, [[r] for r in batch], settle_first=False)
+    assert await rows(engine, "completions", "id", [batch[0].id, batch[2].id]) == []
+
+
+async def test_the_recorder_still_stores_the_good_neighbours_of_a_bad_record(engine):
+    first = record()
+    recorder = Recorder(engine, queue_size=16, batch_size=16)
+    recorder.start()
+    try:
+        await recorder.record(first)
+        batch = [record(), record(first.id), record()]
+        outcomes = await asyncio.gather(
+            *(recorder.record(r) for r in batch), return_exceptions=True
+        )
+    finally:
+        await recorder.stop()
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], APIError) and outcomes[1].status == 503
+    assert len(await rows(engine, "completions", "id", [batch[0].id, batch[2].id])) == 2
+
+
+def test_other_batches_take_the_transactional_write():
+    named = record()
+    named.implicit_session = False
+    assert not implicit_batch.fits([record(), named], settle_first=False)
+    assert not implicit_batch.fits([record()], settle_first=True)
+    blind = record()
+    blind.swap_doubt = implicit_batch.NOT_FOLLOWING
+    assert not implicit_batch.fits([blind], settle_first=False)
