@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 
@@ -126,9 +127,14 @@ def create_app(
                 if retention_enabled(settings)
                 else None
             )
+            # What startup made lives as long as the process: out of the collector's sight, so
+            # that the collections the requests' garbage triggers do not walk it each time.
+            gc.collect()
+            gc.freeze()
             try:
                 yield
             finally:
+                gc.unfreeze()
                 refresher.cancel()
                 prober.cancel()
                 if sweeper is not None:

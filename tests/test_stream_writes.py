@@ -1,8 +1,10 @@
 """The relay answers the events of one read of the backend in one write to the client (not one
-per event), and the client still gets every event, each recorded."""
+per event), and the client still gets every event, each recorded. (And a started gateway keeps
+what its startup made out of the garbage collector's walks: gc.freeze.)"""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -104,3 +106,8 @@ def test_events_of_one_read_go_out_in_one_write(gateway, together: bool):
     with httpx.Client(base_url=url, headers={"X-Admin-Key": ADMIN_KEY}) as admin:
         record = fetch_record(admin, reply.headers["X-Completion-Id"])
     assert record["status"] == "complete" and record["output_token_ids"] == [7, 8]
+
+
+def test_what_startup_made_is_frozen_out_of_the_collector(gateway):
+    gateway(CHUNKS)  # a gateway in this process, started
+    assert gc.get_freeze_count() > 0
