@@ -1,5 +1,6 @@
 """The one-statement write of implicit records: it stores exactly what the transactional write
-stores, all of a batch or none of it, committed when it returns, in one statement."""
+stores, all of a batch or none of it, committed when it returns, in one statement; its held
+connection is dropped when it fails (a terminated backend is ridden out by the recorder)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 from sqlalchemy import event, text
 
@@ -61,6 +63,26 @@ async def engine(make_database: Callable[[], str]) -> AsyncIterator:
     await engine.dispose()
 
 
+@pytest.fixture
+async def writer(engine) -> AsyncIterator[implicit_batch.ImplicitWriter]:
+    writer = implicit_batch.ImplicitWriter(engine)
+    yield writer
+    await writer.close()
+
+
+async def terminate_backends(engine) -> int:
+    """What a Postgres restart does to the clients of the database."""
+    async with engine.connect() as conn:
+        return (
+            await conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+        ).scalar_one()
+
+
 async def rows(engine, table: str, key: str, ids: list[str]) -> list[dict]:
     """The stored rows, every column as text, without `key` (the ids differ by design)."""
     async with engine.connect() as conn:
@@ -82,10 +104,10 @@ async def rows(engine, table: str, key: str, ids: list[str]) -> list[dict]:
 
 
 @pytest.mark.parametrize("translated", [False, True])
-async def test_stores_exactly_what_the_transactional_write_stores(engine, translated: bool):
+async def test_stores_exactly_what_the_transactional_write_stores(engine, writer, translated: bool):
     fast, slow = record(translated=translated), record(translated=translated)
     assert implicit_batch.fits([fast], settle_first=False)
-    await store_batch(engine, [[fast]], settle_first=False)  # the one-statement write
+    await store_batch(engine, [[fast]], settle_first=False, implicit=writer)  # one statement
     await store_batch(engine, [[slow]], settle_first=True)  # the transactional write
     got = await rows(engine, "completions", "id", [fast.id, slow.id])
     assert len(got) == 2 and got[0] == got[1]
@@ -104,27 +126,66 @@ async def test_stores_exactly_what_the_transactional_write_stores(engine, transl
     assert texts[0] == texts[1]
 
 
-async def test_a_batch_is_one_statement_committed_when_it_returns(engine):
+async def test_a_batch_is_one_statement_committed_when_it_returns(engine, writer):
     statements: list[str] = []
     event.listen(
         engine.sync_engine,
         "before_cursor_execute",
         lambda conn, cursor, sql, params, context, many: statements.append(sql),
     )
+    await writer.store([record()])  # connected (its checkout pings)
+    statements.clear()
     batch = [record() for _ in range(5)]
-    await store_batch(engine, [[r] for r in batch], settle_first=False)
-    assert len(statements) == 1 and statements[0].startswith("WITH implicit_sessions")
+    await store_batch(engine, [[r] for r in batch], settle_first=False, implicit=writer)
+    assert statements == []  # not through SQLAlchemy's cursor: no ping, no BEGIN, no COMMIT
+    async with engine.connect() as conn:  # the last statement of the writer's own connection
+        calls = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND query LIKE 'WITH implicit_sessions%'"
+                )
+            )
+        ).scalar_one()
+    assert calls == 1
     # Committed: another connection sees every row (a rolled-back write would leave none).
     assert len(await rows(engine, "completions", "id", [r.id for r in batch])) == 5
 
 
-async def test_one_bad_row_stores_none_of_the_batch(engine):
+async def test_one_bad_row_stores_none_of_the_batch(engine, writer):
     first = record()
-    await store_batch(engine, [[first]], settle_first=False)
+    await writer.store([first])
     batch = [record(), record(first.id), record()]  # the second collides with a stored id
-    with pytest.raises(Exception, match="duplicate key"):
-        await store_batch(engine, [[r] for r in batch], settle_first=False)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        await writer.store(batch)
     assert await rows(engine, "completions", "id", [batch[0].id, batch[2].id]) == []
+    await writer.store([batch[0]])  # and the writer goes on, on a fresh connection
+    assert len(await rows(engine, "completions", "id", [batch[0].id])) == 1
+
+
+async def test_a_dead_connection_is_dropped_not_reused(engine, writer):
+    await writer.store([record()])
+    assert await terminate_backends(engine) >= 1  # the writer's held connection among them
+    lost = record()
+    with pytest.raises(psycopg.OperationalError):
+        await writer.store([lost])
+    assert await rows(engine, "completions", "id", [lost.id]) == []
+    await writer.store([lost])
+    assert len(await rows(engine, "completions", "id", [lost.id])) == 1
+
+
+async def test_the_recorder_rides_out_a_terminated_connection(engine):
+    recorder = Recorder(engine, queue_size=16, batch_size=16)
+    recorder.start()
+    try:
+        await recorder.record(record())
+        assert await terminate_backends(engine) >= 1
+        after = record()
+        await recorder.record(after)  # retried on a fresh connection: stored once
+    finally:
+        await recorder.stop()
+    assert len(await rows(engine, "completions", "id", [after.id])) == 1
+    assert recorder.written == 2 and recorder.failed == 0
 
 
 async def test_the_recorder_still_stores_the_good_neighbours_of_a_bad_record(engine):
