@@ -38,9 +38,9 @@ async def store_batch(
     that a transaction the server is still finishing is waited out, not raced.
 
     With `implicit`, a batch of implicit records only (the common case) is one statement in its
-    own transaction, one round trip (`implicit_batch.py`). Otherwise Core statements, compiled once, not ORM
-    sessions, in one transaction; an implicit session is inserted by the statement that inserts
-    its completion."""
+    own transaction, one round trip (`implicit_batch.py`). Otherwise Core statements, compiled
+    once, not ORM sessions, in one transaction; an implicit session is inserted by the statement
+    that inserts its completion."""
     records = [r for g in groups for r in g]
     if implicit is not None and implicit_batch.fits(records, settle_first):
         await implicit.store(records)
