@@ -1,5 +1,6 @@
 """The relay answers the events of one read of the backend in one write to the client (not one
-per event), and the client still gets every event, each recorded. (And a started gateway keeps
+per event), ends the response with its last events (not in a write of its own), and the client
+still gets every event, each recorded. (And a started gateway keeps
 what its startup made out of the garbage collector's walks: gc.freeze.)"""
 
 from __future__ import annotations
@@ -53,15 +54,16 @@ def backend(reads: list[bytes]) -> Callable[[httpx.Request], httpx.Response]:
 
 
 class CountingWrites:
-    """ASGI wrapper: the non-empty body messages the app sent per request path."""
+    """ASGI wrapper: the body messages the app sent, (path, body, more_body)."""
 
     def __init__(self, app: Any) -> None:
         self.app, self.writes = app, []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         async def counting(message: Any) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
-                self.writes.append((scope["path"], message["body"]))
+            if message["type"] == "http.response.body":
+                body, more = message.get("body", b""), message.get("more_body", False)
+                self.writes.append((scope["path"], body, more))
             await send(message)
 
         await self.app(scope, receive, counting if scope["type"] == "http" else send)
@@ -98,11 +100,12 @@ def test_events_of_one_read_go_out_in_one_write(gateway, together: bool):
     body, reply = stream(url)
     assert reply.status_code == 200
     assert body.count("data: ") == 3 and body.endswith("data: [DONE]\n\n")
-    writes = [w for path, w in counted.writes if path == "/v1/chat/completions"]
+    writes = [(w, more) for path, w, more in counted.writes if path == "/v1/chat/completions"]
     # The token events: one write when they came in one read, one each otherwise; then the
-    # stream's end (after the record is stored), its own write.
+    # stream's [DONE] (after the record is stored) with the end of the response.
     assert len(writes) == (2 if together else 3)
-    assert writes[-1] == b"data: [DONE]\n\n"
+    assert writes[-1] == (b"data: [DONE]\n\n", False)
+    assert all(more for _, more in writes[:-1])
     with httpx.Client(base_url=url, headers={"X-Admin-Key": ADMIN_KEY}) as admin:
         record = fetch_record(admin, reply.headers["X-Completion-Id"])
     assert record["status"] == "complete" and record["output_token_ids"] == [7, 8]

@@ -23,8 +23,15 @@ from .sse import sse_line_batches
 from .upstream import UpstreamStream
 
 
+class Final(bytes):
+    """The stream's last bytes: they go out with the end of the response, in one write."""
+
+    __slots__ = ()
+
+
 class RecordedStream(StreamingResponse):
-    """A StreamingResponse that always closes its generator, so a disconnect is recorded at once.
+    """A StreamingResponse that always closes its generator, so a disconnect is recorded at once,
+    and sends a `Final` chunk together with the end of the response.
 
     `on_abandon` runs when the client left before the generator ever started (it then holds a
     backend lease and an open upstream stream that nobody else would release).
@@ -36,7 +43,19 @@ class RecordedStream(StreamingResponse):
 
     async def stream_response(self, send: Any) -> None:
         try:
-            await super().stream_response(send)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            async for chunk in self.body_iterator:
+                last = isinstance(chunk, Final)
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
@@ -143,10 +162,11 @@ class Relay:
             try:
                 await self.recorder.record(call.records)
             except APIError as exc:  # never report success for a completion that was not stored
-                yield shaper.error(exc)
+                yield Final(shaper.error(exc))
                 return
             if end := shaper.finish():
-                yield b"".join(end)
+                yield Final(b"".join(end))
         elif outcome[0] == "incomplete":  # after the events of the lines before the cut
             reason = f"stream did not complete: {outcome[1]}"
-            yield b"".join(out) + shaper.error(APIError(502, reason, code="stream_incomplete"))
+            error = shaper.error(APIError(502, reason, code="stream_incomplete"))
+            yield Final(b"".join(out) + error)
