@@ -94,7 +94,9 @@ class ImplicitWriter:
             params += (_value(k, v) for k, v in row.items())
         cursor = self._cursor or await self._connect()
         try:
-            await cursor.execute(_statement(keys, len(rows)), params)
+            # Not prepared: each statement carries its text, so that what commits is visible on
+            # the wire (tests/pg_fault_proxy.py traps it like a COMMIT).
+            await cursor.execute(_statement(keys, len(rows)), params, prepare=False)
         except BaseException:
             await self.close()
             raise
