@@ -160,3 +160,25 @@ def test_an_error_status_and_its_body(backend):
     whole, status, content = run(both)
     assert (whole.status_code, whole.content) == (500, body)
     assert (status, content) == (500, body)
+
+
+def test_no_cookie_goes_back_to_a_backend(backend):
+    seen: list[bytes] = []
+
+    def answer(conn, head):
+        seen.append(head)
+        body = b"{}"
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nset-cookie: sid=secret; Path=/\r\ncontent-type: application/json"
+            b"\r\ncontent-length: 2\r\nconnection: close\r\n\r\n" + body
+        )
+
+    b = backend(answer)
+    url = b.url.replace("127.0.0.1", "localhost")  # a cookie jar refuses IP addresses' cookies
+
+    async def twice(up):
+        await up.post(url + "/v1/completions", {})
+        await up.post(url + "/v1/completions", {})
+
+    run(twice)
+    assert len(seen) == 2 and b"cookie" not in seen[1].lower()

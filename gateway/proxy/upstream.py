@@ -104,7 +104,7 @@ class _AiohttpStream:
 class AiohttpUpstream:
     """The gateway's client of its backends. Read timeout `timeout_s` (between two reads, as
     httpx's), connect timeout `connect_timeout_s`; no proxy from the environment (backends are
-    reached at the addresses registration pinned)."""
+    reached at the addresses registration pinned); no cookies kept between requests."""
 
     def __init__(self, *, timeout_s: float, connect_timeout_s: float) -> None:
         self._timeout_s, self._connect_timeout_s = timeout_s, connect_timeout_s
@@ -123,6 +123,7 @@ class AiohttpUpstream:
                     sock_read=self._timeout_s,
                 ),
                 trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),  # one backend's cookie is nobody's business
                 skip_auto_headers=("User-Agent",),
             )
         return self._session
