@@ -174,6 +174,18 @@ async def test_a_dead_connection_is_dropped_not_reused(engine, writer):
     assert len(await rows(engine, "completions", "id", [lost.id])) == 1
 
 
+async def test_a_connection_idle_too_long_is_exchanged_for_a_pinged_one(engine):
+    writer = implicit_batch.ImplicitWriter(engine, idle_s=0.0)
+    try:
+        await writer.store([record()])
+        assert await terminate_backends(engine) >= 1
+        after = record()
+        await writer.store([after])  # no failure: the pool's ping replaced the dead connection
+    finally:
+        await writer.close()
+    assert len(await rows(engine, "completions", "id", [after.id])) == 1
+
+
 async def test_the_recorder_rides_out_a_terminated_connection(engine):
     recorder = Recorder(engine, queue_size=16, batch_size=16)
     recorder.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import time
 from typing import Any
 
 import psycopg
@@ -19,6 +20,9 @@ from .record import CompletionRecord
 # JSON `null`, not SQL NULL), so that both write paths store the same text.
 _JSON_COLUMNS = frozenset({"request", "response", "backend_request"})
 _SESSION_COLUMNS = 4  # id, closed_at, tenant, agent_key_id
+# A held connection idle this long is given back for a pinged one: after a quiet spell (when a
+# database restart or an idle timeout may have closed it) no write has to fail to find out.
+IDLE_S = 10.0
 
 
 def fits(records: list[CompletionRecord], settle_first: bool) -> bool:
@@ -64,10 +68,12 @@ class ImplicitWriter:
     drops the connection: a dead one is never reused, and the next batch takes a fresh one.
     Used by one task at a time (the recorder's writer)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, idle_s: float = IDLE_S) -> None:
         self._engine = engine
+        self._idle_s = idle_s
         self._conn: AsyncConnection | None = None
         self._cursor: psycopg.AsyncRawCursor | None = None
+        self._used = 0.0  # time.monotonic() of the last statement
 
     async def _connect(self) -> psycopg.AsyncRawCursor:
         conn = await self._engine.connect()
@@ -92,6 +98,9 @@ class ImplicitWriter:
             params += (r.session_id, r.created_at, r.tenant, r.agent_key_id)
         for row in rows:
             params += (_value(k, v) for k, v in row.items())
+        if self._conn is not None and time.monotonic() - self._used > self._idle_s:
+            conn, self._conn, self._cursor = self._conn, None, None
+            await conn.close()  # back to the pool, which pings it before its next use
         cursor = self._cursor or await self._connect()
         try:
             # Not prepared: each statement carries its text, so that what commits is visible on
@@ -100,6 +109,7 @@ class ImplicitWriter:
         except BaseException:
             await self.close()
             raise
+        self._used = time.monotonic()
 
     async def close(self) -> None:
         """Drop the held connection (it is never returned to the pool: its state is unknown)."""
