@@ -1,11 +1,13 @@
 """The relay answers the events of one read of the backend in one write to the client (not one
-per event), ends the response with its last events (not in a write of its own), and the client
-still gets every event, each recorded. (And a started gateway keeps
+per event; the stream's first event alone, so that nothing delays the first byte), ends the
+response with its last events (not in a write of its own), and the client still gets every
+event, each recorded. (And a started gateway keeps
 what its startup made out of the garbage collector's walks: gc.freeze.)"""
 
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,9 +19,27 @@ from gateway.main import create_app
 from rlgw.db.migrate import upgrade
 
 from conftest import ADMIN_KEY, LiveServer, fetch_record, free_port, gateway_settings
-from fakes import FAKE_BACKEND, FAKE_MODEL, _sse_chunks
+from fakes import FAKE_BACKEND, FAKE_MODEL
 
-CHUNKS = _sse_chunks(True, FAKE_MODEL)  # two token events, then [DONE]
+TOKENS = 6
+
+
+def _chunk(i: int, tokens: int = TOKENS) -> bytes:
+    choice = {
+        "index": 0,
+        "delta": {"content": f"t{i}"},
+        "token_ids": [10 + i],
+        "logprobs": {"content": [{"token": f"t{i}", "logprob": -0.5}]},
+        "finish_reason": "stop" if i == tokens - 1 else None,
+    }
+    body: dict[str, Any] = {"id": "up", "object": "chat.completion.chunk", "created": 1}
+    body |= {"model": FAKE_MODEL, "choices": [choice]}
+    if i == 0:
+        body["prompt_token_ids"] = [1, 2, 3]
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+CHUNKS = [*(_chunk(i) for i in range(TOKENS)), b"data: [DONE]\n\n"]
 
 
 @pytest.fixture(scope="module")
@@ -99,18 +119,31 @@ def test_events_of_one_read_go_out_in_one_write(gateway, together: bool):
     url, counted = gateway(reads)
     body, reply = stream(url)
     assert reply.status_code == 200
-    assert body.count("data: ") == 3 and body.endswith("data: [DONE]\n\n")
+    assert body.count("data: ") == TOKENS + 1 and body.endswith("data: [DONE]\n\n")
     writes = [(w, more) for path, w, more in counted.writes if path == "/v1/chat/completions"]
-    # The token events: one write when they came in one read, one each otherwise; then the
-    # stream's [DONE] (after the record is stored) with the end of the response.
-    assert len(writes) == (2 if together else 3)
+    # The token events: the first alone, the rest of one read in one write (one write each when
+    # each came in a read of its own); then the stream's [DONE] (after the record is stored)
+    # with the end of the response.
+    assert len(writes) == (3 if together else TOKENS + 1)
+    assert writes[0][0].count(b"data: ") == 1
     assert writes[-1] == (b"data: [DONE]\n\n", False)
     assert all(more for _, more in writes[:-1])
     with httpx.Client(base_url=url, headers={"X-Admin-Key": ADMIN_KEY}) as admin:
         record = fetch_record(admin, reply.headers["X-Completion-Id"])
-    assert record["status"] == "complete" and record["output_token_ids"] == [7, 8]
+    assert record["status"] == "complete"
+    assert record["output_token_ids"] == [10 + i for i in range(TOKENS)]
 
 
 def test_what_startup_made_is_frozen_out_of_the_collector(gateway):
     gateway(CHUNKS)  # a gateway in this process, started
     assert gc.get_freeze_count() > 0
+
+
+def test_a_long_read_goes_out_in_bounded_writes(gateway):
+    """70 events in one read: the first alone, then at most 32 per write."""
+    long = b"".join(_chunk(i, 70) for i in range(70)) + b"data: [DONE]\n\n"
+    url, counted = gateway([long])
+    body, reply = stream(url)
+    assert reply.status_code == 200 and body.count("data: ") == 71
+    writes = [w for path, w, _ in counted.writes if path == "/v1/chat/completions"]
+    assert [w.count(b"data: ") for w in writes] == [1, 32, 32, 5, 1]

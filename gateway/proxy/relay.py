@@ -22,6 +22,9 @@ from .shaping import shown_as
 from .sse import sse_line_batches
 from .upstream import UpstreamStream
 
+# At most this many events of one read of the backend in one write to the client.
+_EVENTS_PER_WRITE = 32
+
 
 class Final(bytes):
     """The stream's last bytes: they go out with the end of the response, in one write."""
@@ -131,12 +134,16 @@ class Relay:
         try:
             if start := shaper.start():
                 yield b"".join(start)
+            flush_at = 1  # the first event goes out alone: nothing delays the first byte
             async for lines in sse_line_batches(self.upstream):
                 ended = None
                 for line in lines:
                     if ended := self._take(line, out):
                         break
-                if out:  # the events of one read of the backend in one write
+                    if len(out) >= flush_at:  # a long read: its events go out as parsed
+                        batch, out, flush_at = b"".join(out), [], _EVENTS_PER_WRITE
+                        yield batch
+                if out:  # the (rest of the) events of one read of the backend in one write
                     batch, out = b"".join(out), []
                     yield batch
                 if ended:
