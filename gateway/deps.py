@@ -14,7 +14,7 @@ from .context import GatewayContext
 from .errors import APIError
 
 
-def get_context(request: Request) -> GatewayContext:
+async def get_context(request: Request) -> GatewayContext:
     return request.app.state.context
 
 
@@ -42,7 +42,7 @@ _admin_header = APIKeyHeader(
 )
 
 
-def presented_admin_key(
+async def presented_admin_key(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
     x_admin_key: Annotated[str | None, Depends(_admin_header)],
 ) -> str | None:
@@ -54,7 +54,7 @@ def presented_admin_key(
 PresentedAdminKey = Annotated[str | None, Depends(presented_admin_key)]
 
 
-def require_admin(request: Request, ctx: ContextDep, presented: PresentedAdminKey) -> None:
+async def require_admin(request: Request, ctx: ContextDep, presented: PresentedAdminKey) -> None:
     """Admin key as `Authorization: Bearer <key>` or `X-Admin-Key`; 401 if absent, 403 if wrong.
     The key is never echoed. Admin calls count against the "admin" rate and concurrency limits."""
     if not presented:

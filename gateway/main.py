@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 
@@ -33,6 +34,7 @@ from .proxy.backend_events import follow_registry
 from .proxy.backend_health import watch_backends
 from .proxy.routing import BackendPool
 from .proxy.service import ProxyService
+from .proxy.upstream import AiohttpUpstream, HttpxUpstream, Upstream
 from .recording.doubtful_journal import DoubtfulJournal, journal_directory
 from .recording.recorder import Recorder
 from .responses.router import router as responses_router
@@ -46,8 +48,10 @@ log = logging.getLogger("rlgw.gateway")
 def create_app(
     settings: Settings | None = None, *, upstream_transport: httpx.AsyncBaseTransport | None = None
 ) -> FastAPI:
-    """The gateway app. `upstream_transport` replaces the network to the backends (fault tests);
-    it is not used by backend registration, which always checks and pins real addresses."""
+    """The gateway app. `upstream_transport` replaces the network to the backends (fault tests):
+    generation then goes through an httpx client over it instead of the aiohttp one
+    (gateway/proxy/upstream.py); it is not used by backend registration, which always checks and
+    pins real addresses."""
     settings = settings or get_settings()
     if not settings.database_url:
         raise RuntimeError("RLGW_DATABASE_URL is not set (rlgw serve/up start one if needed)")
@@ -65,6 +69,14 @@ def create_app(
         async with httpx.AsyncClient(
             timeout=timeout, limits=limits, transport=upstream_transport
         ) as http:
+            upstream: Upstream = (
+                HttpxUpstream(http)
+                if upstream_transport is not None
+                else AiohttpUpstream(
+                    timeout_s=settings.upstream_timeout_s,
+                    connect_timeout_s=settings.upstream_connect_timeout_s,
+                )
+            )
             pool = BackendPool(sessions, hold_timeout_s=settings.backend_hold_s)
             await pool.refresh()
             recorder = Recorder(
@@ -83,7 +95,7 @@ def create_app(
                 http=http,
                 pool=pool,
                 recorder=recorder,
-                proxy=ProxyService(pool, recorder, http, sessions),
+                proxy=ProxyService(pool, recorder, upstream, sessions),
                 auth=AuthService(settings, sessions),
                 limiter=Limiter(
                     settings.rate_limit_rps,
@@ -115,14 +127,20 @@ def create_app(
                 if retention_enabled(settings)
                 else None
             )
+            # What startup made lives as long as the process: out of the collector's sight, so
+            # that the collections the requests' garbage triggers do not walk it each time.
+            gc.collect()
+            gc.freeze()
             try:
                 yield
             finally:
+                gc.unfreeze()
                 refresher.cancel()
                 prober.cancel()
                 if sweeper is not None:
                     sweeper.cancel()
                 await recorder.stop()
+                await upstream.aclose()
                 await engine.dispose()
 
     app = FastAPI(title="RL Gateway", version="0.1.0", lifespan=lifespan)

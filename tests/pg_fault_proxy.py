@@ -9,6 +9,11 @@ from typing import Any
 
 # psycopg sends COMMIT as a simple Query message: 'Q', int32 length (4 + 7), "COMMIT\0".
 COMMIT_MESSAGE = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+# The recorder's one-statement write of implicit records commits by itself, outside a transaction
+# (gateway/recording/implicit_batch.py): its Parse message, which carries this text, is the
+# commit as much as a COMMIT is.
+IMPLICIT_WRITE = b"WITH implicit_sessions AS (INSERT INTO sessions"
+COMMITTING = (COMMIT_MESSAGE, IMPLICIT_WRITE)
 FORWARD, REFUSE, BLACKHOLE = "forward", "refuse", "blackhole"
 
 
@@ -32,9 +37,11 @@ class PgFaultProxy:
     - `cut()`: abort every open connection (what a server restart does to its clients);
     - `refuse()` / `blackhole()`: new connections are closed at once / accepted and never answered;
     - `resume()`: forward new connections again;
-    - `trap_commit(nth, forward, then)`: the `nth` COMMIT from now is either forwarded and its
-      answer swallowed (the transaction commits, the client never learns it) or dropped (it
-      rolls back), and its connection is cut; `then` is the mode afterwards.
+    - `trap_commit(nth, forward, then)`: the `nth` COMMIT (or self-committing write) from now is
+      either forwarded and its answer swallowed (the transaction commits, the client never
+      learns it) or dropped (it rolls back), and its connection is cut; `then` is the mode
+      afterwards (refusing or black-holing: the database is away, so every other open
+      connection is cut too, as by `outage()`).
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -118,6 +125,13 @@ class PgFaultProxy:
                 break
             await asyncio.sleep(0.01)
 
+    def _away_but(self, trapped: _Link) -> None:
+        """After a trap: if the database is now away, the other open connections go too."""
+        if self.mode != FORWARD:
+            for link in list(self._links):
+                if link is not trapped:
+                    link.cut()
+
     def _cut_all(self) -> None:
         for link in list(self._links):
             link.cut()
@@ -146,7 +160,7 @@ class PgFaultProxy:
     def _spring(self, data: bytes) -> bool | None:
         """None: forward `data` as usual. True/False: a trapped COMMIT to forward / to drop."""
         trap = self._trap
-        if trap is None or COMMIT_MESSAGE not in data:
+        if trap is None or not any(marker in data for marker in COMMITTING):
             return None
         trap["left"] -= 1
         if trap["left"] > 0:
@@ -162,11 +176,14 @@ class PgFaultProxy:
                 sprung = self._spring(data)
                 if sprung is False:
                     self.trap_sprung.set()
+                    self._away_but(link)
                     break
                 if sprung:
                     link.mute_server = True
                 link.server.write(data)
                 await link.server.drain()
+                if sprung:
+                    self._away_but(link)
         except (ConnectionError, OSError):
             pass
         finally:

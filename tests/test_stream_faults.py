@@ -1,5 +1,7 @@
 """Faults a real vLLM cannot produce on demand (a cut stream, a 5xx), injected with a transport
-stand-in: the client is told, and the record is marked incomplete or error, never complete."""
+stand-in and served by a real failing socket server (tests/raw_backend.py, met by the gateway's
+own aiohttp client): the client is told, and the record is marked incomplete or error, never
+complete."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from gateway.main import create_app
 from rlgw.db.migrate import upgrade
 
 from conftest import ADMIN_KEY, LiveServer, fetch_record, free_port, gateway_settings
+from raw_backend import STREAM_HEAD, RawBackend, chunk, respond
 
 FAKE_BACKEND = "http://fake-backend.invalid"
 
@@ -61,8 +64,31 @@ def server_error(request: httpx.Request) -> httpx.Response:
     return httpx.Response(500, json={"error": {"message": "engine dead: /srv/secret/path"}})
 
 
-@pytest.fixture(scope="module")
-def fake_backend_db(make_database: Callable[[], str]) -> str:
+# The same faults from a real server, written on its socket.
+def _raw_cut(conn, head) -> None:
+    conn.sendall(STREAM_HEAD + chunk(_chunk(0)) + chunk(_chunk(1)))
+    conn.close()  # no terminating chunk
+
+
+def _raw_no_done(conn, head) -> None:
+    conn.sendall(STREAM_HEAD + chunk(_chunk(0)) + chunk(_chunk(1)) + b"0\r\n\r\n")
+    conn.close()
+
+
+def _raw_server_error(conn, head) -> None:
+    body = json.dumps({"error": {"message": "engine dead: /srv/secret/path"}}).encode()
+    conn.sendall(respond(500, body))
+    conn.close()
+
+
+RAW = {
+    cut_after_two_chunks: _raw_cut,
+    ends_without_done: _raw_no_done,
+    server_error: _raw_server_error,
+}
+
+
+def _database_with_backend(make_database: Callable[[], str], backend_url: str) -> str:
     url = make_database()
     upgrade(url)
     engine = create_engine(url)
@@ -73,10 +99,24 @@ def fake_backend_db(make_database: Callable[[], str]) -> str:
                 "INSERT INTO backends (model_id, url, state, served_version) "
                 "VALUES (1, :url, 'active', 0)"
             ),
-            {"url": FAKE_BACKEND},
+            {"url": backend_url},
         )
     engine.dispose()
     return url
+
+
+@pytest.fixture(scope="module")
+def fake_backend_db(make_database: Callable[[], str]) -> str:
+    return _database_with_backend(make_database, FAKE_BACKEND)
+
+
+@pytest.fixture(scope="module")
+def raw_backend(make_database: Callable[[], str]) -> Iterator[tuple[list, str]]:
+    """A real failing server (its script replaceable) and a database routing to it."""
+    script: list = [None]
+    backend = RawBackend(lambda conn, head: script[0](conn, head))
+    yield script, _database_with_backend(make_database, backend.url)
+    backend.close()
 
 
 def healthy(handler: Callable) -> Callable:
@@ -89,13 +129,20 @@ def healthy(handler: Callable) -> Callable:
     return answer
 
 
-@pytest.fixture
-def gateway_with(fake_backend_db: str) -> Iterator[Callable]:
+@pytest.fixture(params=["mock", "socket"])
+def gateway_with(request, fake_backend_db: str, raw_backend) -> Iterator[Callable]:
+    """Starts a gateway whose backend answers with a fault: through an injected transport
+    ("mock"), or from a real socket server reached by the gateway's own client ("socket")."""
     servers: list[LiveServer] = []
 
     def start(handler: Callable) -> str:
-        transport = httpx.MockTransport(healthy(handler))
-        app = create_app(gateway_settings(fake_backend_db), upstream_transport=transport)
+        if request.param == "mock":
+            transport = httpx.MockTransport(healthy(handler))
+            app = create_app(gateway_settings(fake_backend_db), upstream_transport=transport)
+        else:
+            script, db = raw_backend
+            script[0] = RAW[handler]
+            app = create_app(gateway_settings(db))
         servers.append(LiveServer(app, free_port()).__enter__())
         return servers[-1].url
 

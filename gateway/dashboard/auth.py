@@ -33,7 +33,7 @@ def _presented(request: Request) -> tuple[str | None, bool]:
     return None, False
 
 
-def require_admin_browser(request: Request, ctx: ContextDep) -> None:
+async def require_admin_browser(request: Request, ctx: ContextDep) -> None:
     """401 with a Basic challenge when no key is presented, or a wrong one as Basic (so that the
     browser asks again); 403 for a wrong Bearer or X-Admin-Key. The key is never echoed."""
     presented, basic = _presented(request)

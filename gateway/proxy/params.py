@@ -14,7 +14,7 @@ from ..errors import APIError
 MODEL_STATE_KEY = "rlgw_model"
 
 
-def header_session_id(
+async def header_session_id(
     x_session_id: Annotated[
         str | None, Header(description="Bind the call to this session.")
     ] = None,

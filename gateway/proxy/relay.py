@@ -19,11 +19,22 @@ from .call import Call, fill, ms_since
 from .echo import EchoStream
 from .fastjson import loads
 from .shaping import shown_as
-from .sse import sse_lines
+from .sse import sse_line_batches
+from .upstream import UpstreamStream
+
+# At most this many events of one read of the backend in one write to the client.
+_EVENTS_PER_WRITE = 32
+
+
+class Final(bytes):
+    """The stream's last bytes: they go out with the end of the response, in one write."""
+
+    __slots__ = ()
 
 
 class RecordedStream(StreamingResponse):
-    """A StreamingResponse that always closes its generator, so a disconnect is recorded at once.
+    """A StreamingResponse that always closes its generator, so a disconnect is recorded at once,
+    and sends a `Final` chunk together with the end of the response.
 
     `on_abandon` runs when the client left before the generator ever started (it then holds a
     backend lease and an open upstream stream that nobody else would release).
@@ -35,7 +46,19 @@ class RecordedStream(StreamingResponse):
 
     async def stream_response(self, send: Any) -> None:
         try:
-            await super().stream_response(send)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            async for chunk in self.body_iterator:
+                last = isinstance(chunk, Final)
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
@@ -48,7 +71,7 @@ class Relay:
     def __init__(
         self,
         call: Call,
-        upstream: httpx.Response,
+        upstream: UpstreamStream,
         held: contextlib.AsyncExitStack,
         recorder: Recorder,
     ) -> None:
@@ -111,9 +134,16 @@ class Relay:
         try:
             if start := shaper.start():
                 yield b"".join(start)
-            async for line in sse_lines(self.upstream):
-                ended = self._take(line, out)
-                if out:  # the events of one chunk in one write
+            flush_at = 1  # the first event goes out alone: nothing delays the first byte
+            async for lines in sse_line_batches(self.upstream):
+                ended = None
+                for line in lines:
+                    if ended := self._take(line, out):
+                        break
+                    if len(out) >= flush_at:  # a long read: its events go out as parsed
+                        batch, out, flush_at = b"".join(out), [], _EVENTS_PER_WRITE
+                        yield batch
+                if out:  # the (rest of the) events of one read of the backend in one write
                     batch, out = b"".join(out), []
                     yield batch
                 if ended:
@@ -139,10 +169,11 @@ class Relay:
             try:
                 await self.recorder.record(call.records)
             except APIError as exc:  # never report success for a completion that was not stored
-                yield shaper.error(exc)
+                yield Final(shaper.error(exc))
                 return
             if end := shaper.finish():
-                yield b"".join(end)
+                yield Final(b"".join(end))
         elif outcome[0] == "incomplete":  # after the events of the lines before the cut
             reason = f"stream did not complete: {outcome[1]}"
-            yield b"".join(out) + shaper.error(APIError(502, reason, code="stream_incomplete"))
+            error = shaper.error(APIError(502, reason, code="stream_incomplete"))
+            yield Final(b"".join(out) + error)

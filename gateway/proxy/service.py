@@ -26,6 +26,7 @@ from .routing import BackendPool, Lease
 from .session_binding import implicit_session_id, open_session
 from .shaping import CHAT, COMPLETIONS, choices_by_index, extract_choices, shown_as, sibling_id
 from .surface import Surface, backend_error_message
+from .upstream import Upstream, UpstreamReply, UpstreamStream
 
 log = logging.getLogger("rlgw.proxy")
 
@@ -40,11 +41,11 @@ class ProxyService:
     records each choice. One per gateway process."""
 
     def __init__(
-        self, pool: BackendPool, recorder: Recorder, http: httpx.AsyncClient, sessions: Any
+        self, pool: BackendPool, recorder: Recorder, upstream: Upstream, sessions: Any
     ) -> None:
         self._pool = pool
         self._recorder = recorder
-        self._http = http
+        self._upstream = upstream
         self._sessions = sessions
 
     async def generate(
@@ -127,7 +128,7 @@ class ProxyService:
         body["add_generation_prompt"] = True
         try:
             held, reply = await self._send(
-                chat["model"], lambda lease: self._http.post(lease.url + "/tokenize", json=body)
+                chat["model"], lambda lease: self._upstream.post(lease.url + "/tokenize", body)
             )
         except httpx.HTTPError as exc:
             raise APIError(502, "the backend could not be reached", code="backend_error") from exc
@@ -152,8 +153,8 @@ class ProxyService:
             return None
         body = {"model": surface.model, "tokens": prompt}
 
-        def detokenize(lease: Lease) -> Awaitable[httpx.Response]:
-            return self._http.post(lease.url + "/detokenize", json=body)
+        def detokenize(lease: Lease) -> Awaitable[UpstreamReply]:
+            return self._upstream.post(lease.url + "/detokenize", body)
 
         try:
             # With the call: no backend left is recorded as for the generation (which leases
@@ -183,9 +184,9 @@ class ProxyService:
     async def _complete(self, call: Call, headers: dict[str, str], receive: Any) -> Response:
         surface = call.surface
 
-        def post(lease: Lease) -> Awaitable[httpx.Response]:
+        def post(lease: Lease) -> Awaitable[UpstreamReply]:
             body = surface.upstream(lease.served_name)
-            request = self._http.post(lease.url + _PATHS[surface.wire], json=body)
+            request = self._upstream.post(lease.url + _PATHS[surface.wire], body)
             return unless_client_leaves(request, receive)
 
         try:
@@ -230,11 +231,9 @@ class ProxyService:
     async def _stream(self, call: Call, headers: dict[str, str]) -> Response:
         surface = call.surface
 
-        def send(lease: Lease) -> Awaitable[httpx.Response]:
-            url = lease.url + _PATHS[surface.wire]
+        def send(lease: Lease) -> Awaitable[UpstreamStream]:
             body = surface.upstream(lease.served_name)
-            request = self._http.build_request("POST", url, json=body)
-            return self._http.send(request, stream=True)
+            return self._upstream.stream(lease.url + _PATHS[surface.wire], body)
 
         try:
             held, upstream = await self._send(surface.model, send, call)

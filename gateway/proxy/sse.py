@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from .fastjson import dumps
+from .upstream import UpstreamStream
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -19,9 +18,10 @@ def sse_event(event: str, payload: dict[str, Any]) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
-async def sse_lines(upstream: httpx.Response) -> AsyncIterator[bytes]:
-    """The lines of a server-sent event stream. A line ends with CRLF, LF or CR, as SSE defines
-    it (not at U+2028 and its kin, which a JSON string may hold)."""
+async def sse_line_batches(upstream: UpstreamStream) -> AsyncIterator[list[bytes]]:
+    """The lines of a server-sent event stream, those completed by one read of the backend's
+    body together (the relay then answers them in one write). A line ends with CRLF, LF or CR,
+    as SSE defines it (not at U+2028 and its kin, which a JSON string may hold)."""
     rest = b""
     async for data in upstream.aiter_bytes():
         data = rest + data
@@ -32,7 +32,14 @@ async def sse_lines(upstream: httpx.Response) -> AsyncIterator[bytes]:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
         rest = lines.pop() + held
+        if lines:
+            yield lines
+    if rest:
+        yield [rest.removesuffix(b"\r")]
+
+
+async def sse_lines(upstream: UpstreamStream) -> AsyncIterator[bytes]:
+    """The lines of a server-sent event stream, one by one."""
+    async for lines in sse_line_batches(upstream):
         for line in lines:
             yield line
-    if rest:
-        yield rest.removesuffix(b"\r")

@@ -34,6 +34,7 @@ from rlgw.eligibility import DOUBTFUL_COMMIT
 from ..errors import APIError, database_timeout, database_unavailable
 from .doubtful import DoubtfulCommits
 from .doubtful_journal import DoubtfulJournal
+from .implicit_batch import ImplicitWriter
 from .record import CompletionRecord
 from .store import store_batch
 
@@ -69,6 +70,7 @@ class Recorder:
     ) -> None:
         self._engine = engine
         self._doubtful = DoubtfulCommits(engine, journal)
+        self._implicit = ImplicitWriter(engine)
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=queue_size)
         self._batch_size = batch_size
         self._retry_s = retry_s
@@ -92,6 +94,7 @@ class Recorder:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self._implicit.close()
         self._doubtful.log_unmarked()
 
     @property
@@ -203,6 +206,7 @@ class Recorder:
                         self._engine,
                         [p.records for p in batch],
                         settle_first=any(p.doubtful for p in batch),
+                        implicit=self._implicit,
                     )
             except Exception as exc:
                 if not is_connection_error(exc):

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from rlgw.db.models import AgentSession, Backend, Completion
 from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, NOT_FOLLOWING, add_reason
 
+from . import implicit_batch
 from .lineage_store import link_into_session
 from .record import CompletionRecord
 
@@ -24,7 +25,11 @@ _COMPLETIONS = Completion.__table__
 
 
 async def store_batch(
-    engine: AsyncEngine, groups: list[list[CompletionRecord]], *, settle_first: bool
+    engine: AsyncEngine,
+    groups: list[list[CompletionRecord]],
+    *,
+    settle_first: bool,
+    implicit: implicit_batch.ImplicitWriter | None = None,
 ) -> None:
     """Store `groups` (each stored whole or not at all) in one transaction.
 
@@ -32,10 +37,14 @@ async def store_batch(
     COMMIT. The groups it did commit are skipped, found after locking the batch's sessions, so
     that a transaction the server is still finishing is waited out, not raced.
 
-    Core statements, compiled once, not ORM sessions: an implicit session is inserted by the
-    statement that inserts its completion, so a lone implicit record (the common case at low
-    concurrency) is BEGIN, one INSERT, COMMIT."""
+    With `implicit`, a batch of implicit records only (the common case) is one statement in its
+    own transaction, one round trip (`implicit_batch.py`). Otherwise Core statements, compiled
+    once, not ORM sessions, in one transaction; an implicit session is inserted by the statement
+    that inserts its completion."""
     records = [r for g in groups for r in g]
+    if implicit is not None and implicit_batch.fits(records, settle_first):
+        await implicit.store(records)
+        return
     async with engine.begin() as conn:
         if settle_first:
             implicit = [_implicit_session(r) for r in records if r.implicit_session]

@@ -34,7 +34,7 @@ IdempotencyKey = Annotated[
 ]
 
 
-def gateway_url(request: Request, ctx: ContextDep) -> str:
+async def gateway_url(request: Request, ctx: ContextDep) -> str:
     """The URL agents reach this gateway at: RLGW_PUBLIC_URL, else the one this call used."""
     return ctx.settings.public_url or str(request.base_url).rstrip("/")
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from gateway.proxy.fastjson import FastJSONResponse, dumps, loads
-from gateway.proxy.sse import sse, sse_event, sse_lines
+from gateway.proxy.sse import sse, sse_event, sse_line_batches, sse_lines
 
 
 def _stdlib(payload: object) -> bytes:
@@ -75,3 +75,15 @@ def testsse_lines_end_at_cr_lf_or_crlf_even_across_reads() -> None:
         b"data: [DONE]",
     ]
     assert _lines([b"data: x\r"]) == [b"data: x"]
+
+
+def test_the_lines_one_read_completes_come_together() -> None:
+    async def collect(reads: list[bytes]) -> list[list[bytes]]:
+        return [lines async for lines in sse_line_batches(_Upstream(reads))]
+
+    reads = [b"data: a\n\ndata: b\n\nda", b"ta: c", b"\n\n", b"data: [DONE]"]
+    assert asyncio.run(collect(reads)) == [
+        [b"data: a", b"", b"data: b", b""],
+        [b"data: c", b""],
+        [b"data: [DONE]"],
+    ]
