@@ -21,7 +21,11 @@ def _first_chunk_id(response: httpx.Response) -> str:
 LONG_STREAM = {
     "model": MODEL_NAME,
     "messages": [{"role": "user", "content": "Talk for a long time."}],
-    "max_tokens": 480,
+    # Long enough that the stream does not end before the gateway sees the hang-up, even on a busy
+    # machine: the relay writes up to 32 events of one read at once, so 480 tokens were once all
+    # sent before the disconnect was seen (the record came back complete). The tiny model has
+    # 2048 positions.
+    "max_tokens": 1500,
     "ignore_eos": True,  # vLLM extension: make the stream long enough to walk away from
     "stream": True,
 }
@@ -45,7 +49,7 @@ def test_client_disconnect_mid_stream_is_recorded_incomplete(gateway_url, admin_
     assert "disconnect" in record["status_reason"]
     assert record["eligible"] is False
     assert record["finish_reason"] is None
-    assert len(record["output_token_ids"]) < 480
+    assert len(record["output_token_ids"]) < LONG_STREAM["max_tokens"]
 
 
 @pytest.mark.parametrize("binding", ["base_url", "x_session_id"])
