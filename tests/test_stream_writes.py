@@ -13,13 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
 from gateway.main import create_app
-from rlgw.db.migrate import upgrade
 
 from conftest import ADMIN_KEY, LiveServer, fetch_record, free_port, gateway_settings
-from fakes import FAKE_BACKEND, FAKE_MODEL
+from fakes import FAKE_MODEL, fake_backend_database
 
 TOKENS = 6
 
@@ -44,20 +42,7 @@ CHUNKS = [*(_chunk(i) for i in range(TOKENS)), b"data: [DONE]\n\n"]
 
 @pytest.fixture(scope="module")
 def database(make_database: Callable[[], str]) -> str:
-    url = make_database()
-    upgrade(url)
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("INSERT INTO models (id, name) VALUES (1, :m)"), {"m": FAKE_MODEL})
-        conn.execute(
-            text(
-                "INSERT INTO backends (model_id, url, state, served_version) "
-                "VALUES (1, :url, 'active', 0)"
-            ),
-            {"url": FAKE_BACKEND},
-        )
-    engine.dispose()
-    return url
+    return fake_backend_database(make_database)
 
 
 def backend(reads: list[bytes]) -> Callable[[httpx.Request], httpx.Response]:
