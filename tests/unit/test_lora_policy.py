@@ -69,4 +69,3 @@ def test_an_adapter_with_non_finite_weights_is_refused(tmp_path: Path) -> None:
     tensors[first] = torch.full_like(tensors[first], float("nan"))
     save_file(tensors, str(adapter.payload_file))
     assert "NaN" in adapter.problems()[0]
-
