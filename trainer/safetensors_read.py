@@ -1,13 +1,14 @@
 """Read a safetensors file without holding the GIL for long and without copying it: what a
 backend's background stage uses instead of safetensors' `load_file`.
 
-`load_file` copies each tensor out of a memory map inside one call that keeps the GIL (the 544 MB
-embedding of bench-0.5b: a few hundred milliseconds during which the engine loop's thread cannot
-run a forward step), into 1.4 GB of fresh memory whose page faults compete with the forward
-passes. Here the file is first read through with plain reads (which release the GIL during each
-system call), so that its pages are in the page cache, then mapped copy-on-write, and each tensor is
-a view of the map: nothing is copied and no new memory is faulted in; `load_weights` later copies
-from the map into the scratch tensors.
+`load_file` copies each tensor out of a memory map inside one call that keeps the GIL (for the
+544 MB embedding of bench-0.5b the engine loop's thread cannot start a forward step until the copy
+is done), into 1.4 GB of fresh memory whose page faults compete with the forward passes: the
+slowest requests during a stage overlapped this read (docs/benchmarks.md). Here the file is first
+read through with plain reads (which release the GIL during each system call), so that its pages
+are in the page cache, then mapped copy-on-write, and each tensor is a view of the map: nothing is
+copied and no new memory is faulted in; `load_weights` later copies from the map into the
+scratch tensors.
 
 The format (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian header
 length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
@@ -100,9 +101,9 @@ class MappedTensors(dict):
 
     def drop_pages(self, slice_bytes: int = SLICE_BYTES) -> None:
         """Give the map's pages back a slice at a time (MADV_DONTNEED), before the map goes with
-        the last tensor: one munmap of the whole 1.4 GB would hold the process's memory map
-        lock while a forward step may need it. The tensors stay valid (a page read again comes
-        back from the file); do it when they are no longer needed."""
+        the last tensor, so that no single call frees the whole 1.4 GB while forward steps run
+        (its effect on the stall was within the benchmark's noise). The tensors stay valid (a
+        page read again comes back from the file); do it when they are no longer needed."""
         mapping = self.mapping
         if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
