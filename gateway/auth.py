@@ -100,7 +100,13 @@ def admin_key_matches(presented: str | None, settings_key: str) -> bool:
 
 
 def client_address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+    return address_of(request.scope)
+
+
+def address_of(scope: Any) -> str:
+    """The client's host, as `request.client.host` gives it ("unknown" without one)."""
+    client = scope.get("client")
+    return client[0] if client else "unknown"
 
 
 def _unauthorized(message: str, code: str) -> APIError:

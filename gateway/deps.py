@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from .auth import Caller, admin_key_matches, client_address
+from .auth import Caller, address_of, admin_key_matches
 from .context import GatewayContext
 from .errors import APIError
 
@@ -88,11 +89,23 @@ _x_api_key = APIKeyHeader(
 )
 
 
-async def _admit(
-    request: Request, ctx: GatewayContext, credential: str | None, sent_as: str
-) -> Caller:
-    caller = await ctx.auth.identify(credential, sent_as, client_address(request))
-    ctx.limiter.admit(caller.limit_key, request.scope)
+BEARER_SENT_AS = "Authorization: Bearer"
+ANTHROPIC_SENT_AS = "x-api-key or Authorization: Bearer"
+
+
+def bearer_credential(authorization: str | None) -> str | None:
+    """The credential of an `Authorization: Bearer <credential>` header, as `_bearer` reads it
+    (None for any other header)."""
+    scheme, credential = get_authorization_scheme_param(authorization)
+    if not (authorization and scheme and credential) or scheme.lower() != "bearer":
+        return None
+    return credential
+
+
+async def admit(ctx: GatewayContext, scope: Any, credential: str | None, sent_as: str) -> Caller:
+    """The caller presenting `credential`, admitted under its rate and concurrency limits."""
+    caller = await ctx.auth.identify(credential, sent_as, address_of(scope))
+    ctx.limiter.admit(caller.limit_key, scope)
     return caller
 
 
@@ -103,7 +116,7 @@ async def authenticate(
 ) -> Caller:
     """The caller of an agent-surface route, admitted under its rate and concurrency limits."""
     credential = credentials.credentials if credentials else None
-    return await _admit(request, ctx, credential, "Authorization: Bearer")
+    return await admit(ctx, request.scope, credential, BEARER_SENT_AS)
 
 
 async def authenticate_anthropic(
@@ -115,7 +128,7 @@ async def authenticate_anthropic(
     """The caller of a Messages API route: Anthropic clients send their key as `x-api-key`
     (`Authorization: Bearer` is accepted as well, and wins when both are sent)."""
     credential = credentials.credentials if credentials else api_key
-    return await _admit(request, ctx, credential, "x-api-key or Authorization: Bearer")
+    return await admit(ctx, request.scope, credential, ANTHROPIC_SENT_AS)
 
 
 CallerDep = Annotated[Caller, Depends(authenticate)]

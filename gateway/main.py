@@ -20,15 +20,18 @@ from .admin.models import router as admin_models_router
 from .admin.register import router as register_router
 from .admin.router import router as admin_router
 from .admin.tenants import router as admin_tenants_router
+from .anthropic.router import FAST_LANES as ANTHROPIC_LANES
 from .anthropic.router import router as anthropic_router
 from .auth import AuthService
 from .body_limit import BodyLimitMiddleware
 from .context import GatewayContext
 from .dashboard.router import router as dashboard_router
 from .errors import install_error_handlers
+from .fast_lane import install_fast_lanes
 from .health import router as health_router
 from .limits import Limiter, ReleaseSlots
 from .metrics.install import install_metrics
+from .openai.router import FAST_LANES as OPENAI_LANES
 from .openai.router import router as openai_router
 from .proxy.backend_events import follow_registry
 from .proxy.backend_health import watch_backends
@@ -37,6 +40,7 @@ from .proxy.service import ProxyService
 from .proxy.upstream import AiohttpUpstream, HttpxUpstream, Upstream
 from .recording.doubtful_journal import DoubtfulJournal, journal_directory
 from .recording.recorder import Recorder
+from .responses.router import FAST_LANES as RESPONSES_LANES
 from .responses.router import router as responses_router
 from .retention import enabled as retention_enabled
 from .retention import sweep_periodically
@@ -46,12 +50,16 @@ log = logging.getLogger("rlgw.gateway")
 
 
 def create_app(
-    settings: Settings | None = None, *, upstream_transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings | None = None,
+    *,
+    upstream_transport: httpx.AsyncBaseTransport | None = None,
+    fast_lanes: bool = True,
 ) -> FastAPI:
     """The gateway app. `upstream_transport` replaces the network to the backends (fault tests):
     generation then goes through an httpx client over it instead of the aiohttp one
     (gateway/proxy/upstream.py); it is not used by backend registration, which always checks and
-    pins real addresses."""
+    pins real addresses. `fast_lanes=False` leaves every generation request to its FastAPI route
+    (gateway/fast_lane.py; the lanes' tests compare the two)."""
     settings = settings or get_settings()
     if not settings.database_url:
         raise RuntimeError("RLGW_DATABASE_URL is not set (rlgw serve/up start one if needed)")
@@ -160,4 +168,8 @@ def create_app(
     app.include_router(register_router)
     app.include_router(health_router)
     app.include_router(dashboard_router)
+    if fast_lanes:
+        app.state.fast_lanes = install_fast_lanes(
+            app, OPENAI_LANES + RESPONSES_LANES + ANTHROPIC_LANES
+        )
     return app

@@ -5,12 +5,20 @@ the agent key may come as `x-api-key`, as Anthropic clients send it."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
-from ..auth import Caller
+from ..context import GatewayContext
 from ..deps import AnthropicCallerDep, ContextDep
 from ..errors import ANTHROPIC_TAG
-from ..proxy.params import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
+from ..proxy.params import (
+    GenerationCall,
+    HeaderSession,
+    IdempotencyKey,
+    bind_session,
+    check_token_cap,
+    generation_call,
+    raw_body,
+)
 from .protocol import CountTokensRequest, MessagesRequest
 from .surface import MessagesSurface
 from .translate import to_chat
@@ -18,24 +26,19 @@ from .translate import to_chat
 router = APIRouter(tags=[ANTHROPIC_TAG])
 
 
-async def _messages(
-    body: MessagesRequest,
-    request: Request,
-    ctx: ContextDep,
-    caller: Caller,
-    session_id: str | None,
-    idempotency_key: str | None,
-):
-    session_id = bind_session(caller, session_id)
+async def messages(body: MessagesRequest, call: GenerationCall, ctx: GatewayContext) -> Response:
+    """A message, whichever way its request was read (the routes below, or their fast lanes:
+    gateway/fast_lane.py)."""
+    session_id = bind_session(call.caller, call.session_id)
     check_token_cap({"max_tokens": body.max_tokens}, ctx.settings.max_tokens_cap)
-    surface = MessagesSurface(await raw_body(request))
+    call.note_model()
     return await ctx.proxy.generate(
-        surface,
+        MessagesSurface(call.body),
         session_id,
-        idempotency_key,
-        request.receive,
-        tenant=caller.tenant,
-        key_id=caller.key_id,
+        call.idempotency_key,
+        call.receive,
+        tenant=call.caller.tenant,
+        key_id=call.caller.key_id,
     )
 
 
@@ -48,7 +51,8 @@ async def create_message(
     session_id: HeaderSession,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await _messages(body, request, ctx, caller, session_id, idempotency_key)
+    call = await generation_call(request, caller, session_id, idempotency_key)
+    return await messages(body, call, ctx)
 
 
 @router.post("/sessions/{session_id}/v1/messages", summary="Message in a session")
@@ -60,7 +64,8 @@ async def session_create_message(
     caller: AnthropicCallerDep,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await _messages(body, request, ctx, caller, session_id, idempotency_key)
+    call = await generation_call(request, caller, session_id, idempotency_key)
+    return await messages(body, call, ctx)
 
 
 async def _count(body: CountTokensRequest, request: Request, ctx: ContextDep) -> dict:
@@ -88,3 +93,11 @@ async def session_count_tokens(
 ) -> dict:
     caller.require_session(session_id, "completions")
     return await _count(body, request, ctx)
+
+
+# The routes a fast lane serves (gateway/fast_lane.py): path, body model, handler. Their callers
+# may present the key as `x-api-key`, as Anthropic clients do.
+FAST_LANES = (
+    ("/v1/messages", MessagesRequest, messages),
+    ("/sessions/{session_id}/v1/messages", MessagesRequest, messages),
+)

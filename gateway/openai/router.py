@@ -5,14 +5,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
 from rlgw.settings import Settings
 
-from ..auth import Caller
+from ..context import GatewayContext
 from ..deps import CallerDep, ContextDep
 from ..errors import OPENAI_TAG, APIError
-from ..proxy.params import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
+from ..proxy.params import (
+    GenerationCall,
+    HeaderSession,
+    IdempotencyKey,
+    bind_session,
+    check_token_cap,
+    generation_call,
+)
 from ..proxy.shaping import CHAT, COMPLETIONS
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .surface import OpenAISurface
@@ -34,25 +41,34 @@ def check_limits(body: GenerationRequest, settings: Settings) -> None:
         )
 
 
-async def _generate(
-    api: str,
-    body: GenerationRequest,
-    request: Request,
-    ctx: ContextDep,
-    caller: Caller,
-    session_id: str | None,
-    idempotency_key: str | None,
-):
-    session_id = bind_session(caller, session_id)
+async def generate(
+    api: str, body: GenerationRequest, call: GenerationCall, ctx: GatewayContext
+) -> Response:
+    """A chat or text completion, whichever way its request was read (the routes below, or
+    their fast lanes: gateway/fast_lane.py)."""
+    session_id = bind_session(call.caller, call.session_id)
     check_limits(body, ctx.settings)
+    call.note_model()
     return await ctx.proxy.generate(
-        OpenAISurface(api, await raw_body(request)),
+        OpenAISurface(api, call.body),
         session_id,
-        idempotency_key,
-        request.receive,
-        tenant=caller.tenant,
-        key_id=caller.key_id,
+        call.idempotency_key,
+        call.receive,
+        tenant=call.caller.tenant,
+        key_id=call.caller.key_id,
     )
+
+
+async def generate_chat(
+    body: ChatCompletionRequest, call: GenerationCall, ctx: GatewayContext
+) -> Response:
+    return await generate(CHAT, body, call, ctx)
+
+
+async def generate_text(
+    body: CompletionRequest, call: GenerationCall, ctx: GatewayContext
+) -> Response:
+    return await generate(COMPLETIONS, body, call, ctx)
 
 
 @router.post("/v1/chat/completions", summary="Chat completion (recorded)")
@@ -64,7 +80,8 @@ async def chat_completions(
     session_id: HeaderSession,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await _generate(CHAT, body, request, ctx, caller, session_id, idempotency_key)
+    call = await generation_call(request, caller, session_id, idempotency_key)
+    return await generate_chat(body, call, ctx)
 
 
 @router.post("/sessions/{session_id}/v1/chat/completions", summary="Chat completion in a session")
@@ -76,7 +93,8 @@ async def session_chat_completions(
     caller: CallerDep,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await _generate(CHAT, body, request, ctx, caller, session_id, idempotency_key)
+    call = await generation_call(request, caller, session_id, idempotency_key)
+    return await generate_chat(body, call, ctx)
 
 
 @router.post("/v1/completions", summary="Text completion (recorded)")
@@ -88,7 +106,8 @@ async def completions(
     session_id: HeaderSession,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await _generate(COMPLETIONS, body, request, ctx, caller, session_id, idempotency_key)
+    call = await generation_call(request, caller, session_id, idempotency_key)
+    return await generate_text(body, call, ctx)
 
 
 @router.post("/sessions/{session_id}/v1/completions", summary="Text completion in a session")
@@ -100,7 +119,17 @@ async def session_completions(
     caller: CallerDep,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await _generate(COMPLETIONS, body, request, ctx, caller, session_id, idempotency_key)
+    call = await generation_call(request, caller, session_id, idempotency_key)
+    return await generate_text(body, call, ctx)
+
+
+# The routes a fast lane serves (gateway/fast_lane.py): path, body model, handler.
+FAST_LANES = (
+    ("/v1/chat/completions", ChatCompletionRequest, generate_chat),
+    ("/sessions/{session_id}/v1/chat/completions", ChatCompletionRequest, generate_chat),
+    ("/v1/completions", CompletionRequest, generate_text),
+    ("/sessions/{session_id}/v1/completions", CompletionRequest, generate_text),
+)
 
 
 def _model_list(ctx: ContextDep) -> dict[str, Any]:

@@ -3,6 +3,7 @@ the session header, the idempotency key, the raw body, and the checks they share
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
@@ -33,12 +34,43 @@ IdempotencyKey = Annotated[
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class GenerationCall:
+    """What a generation handler takes from its request, however the request was read (by a
+    FastAPI route, or by its fast lane: gateway/fast_lane.py)."""
+
+    body: dict[str, Any]  # the client's own JSON: what the backend gets, fields unchanged
+    scope: Any  # the ASGI scope
+    receive: Any  # the ASGI receive channel, watched for the client hanging up
+    caller: Caller
+    session_id: str | None  # the path's, else the X-Session-Id header's
+    idempotency_key: str | None
+
+    def note_model(self) -> None:
+        note_model(self.scope, self.body)
+
+
+def note_model(scope: Any, body: dict[str, Any]) -> None:
+    """Leave the model a request names for the request metrics (gateway/metrics/middleware.py),
+    in the request's state (where Starlette's `request.state` keeps it)."""
+    model = body.get("model")
+    scope.setdefault("state", {})[MODEL_STATE_KEY] = model if isinstance(model, str) else None
+
+
 async def raw_body(request: Request) -> dict[str, Any]:
     # The typed model validated the body; the backend gets the client's own fields, unchanged.
     body = await request.json()
-    model = body.get("model")  # for the request metrics (gateway/metrics/middleware.py)
-    setattr(request.state, MODEL_STATE_KEY, model if isinstance(model, str) else None)
+    note_model(request.scope, body)
     return body
+
+
+async def generation_call(
+    request: Request, caller: Caller, session_id: str | None, idempotency_key: str | None
+) -> GenerationCall:
+    """The call a FastAPI generation route was made with."""
+    return GenerationCall(
+        await request.json(), request.scope, request.receive, caller, session_id, idempotency_key
+    )
 
 
 def check_token_cap(values: dict[str, int | None], cap: int) -> None:

@@ -2,36 +2,38 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
-from ..auth import Caller
+from ..context import GatewayContext
 from ..deps import CallerDep, ContextDep
 from ..errors import OPENAI_TAG
-from ..proxy.params import HeaderSession, IdempotencyKey, bind_session, check_token_cap, raw_body
+from ..proxy.params import (
+    GenerationCall,
+    HeaderSession,
+    IdempotencyKey,
+    bind_session,
+    check_token_cap,
+    generation_call,
+)
 from .protocol import ResponsesRequest
 from .surface import ResponsesSurface
 
 router = APIRouter(tags=[OPENAI_TAG])
 
 
-async def _respond(
-    body: ResponsesRequest,
-    request: Request,
-    ctx: ContextDep,
-    caller: Caller,
-    session_id: str | None,
-    idempotency_key: str | None,
-):
-    session_id = bind_session(caller, session_id)
+async def respond(body: ResponsesRequest, call: GenerationCall, ctx: GatewayContext) -> Response:
+    """A response, whichever way its request was read (the routes below, or their fast lanes:
+    gateway/fast_lane.py)."""
+    session_id = bind_session(call.caller, call.session_id)
     check_token_cap({"max_output_tokens": body.max_output_tokens}, ctx.settings.max_tokens_cap)
-    surface = ResponsesSurface(await raw_body(request))
+    call.note_model()
     return await ctx.proxy.generate(
-        surface,
+        ResponsesSurface(call.body),
         session_id,
-        idempotency_key,
-        request.receive,
-        tenant=caller.tenant,
-        key_id=caller.key_id,
+        call.idempotency_key,
+        call.receive,
+        tenant=call.caller.tenant,
+        key_id=call.caller.key_id,
     )
 
 
@@ -44,7 +46,8 @@ async def create_response(
     session_id: HeaderSession,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await _respond(body, request, ctx, caller, session_id, idempotency_key)
+    call = await generation_call(request, caller, session_id, idempotency_key)
+    return await respond(body, call, ctx)
 
 
 @router.post("/sessions/{session_id}/v1/responses", summary="Response in a session")
@@ -56,4 +59,12 @@ async def session_create_response(
     caller: CallerDep,
     idempotency_key: IdempotencyKey = None,
 ):
-    return await _respond(body, request, ctx, caller, session_id, idempotency_key)
+    call = await generation_call(request, caller, session_id, idempotency_key)
+    return await respond(body, call, ctx)
+
+
+# The routes a fast lane serves (gateway/fast_lane.py): path, body model, handler.
+FAST_LANES = (
+    ("/v1/responses", ResponsesRequest, respond),
+    ("/sessions/{session_id}/v1/responses", ResponsesRequest, respond),
+)
