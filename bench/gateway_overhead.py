@@ -44,7 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import overhead_report as report  # noqa: E402
 from bench.cpu_usage import CpuMeter, per_request_ms, postgres_backends  # noqa: E402
 from bench.fake_upstream import start_fake_upstream, stop, upstream_url  # noqa: E402
-from bench.litellm_proxy import LITELLM_VERSION, LiteLLMProxy, ensure_litellm  # noqa: E402
+from bench.litellm_proxy import (  # noqa: E402
+    LITELLM_VERSION,
+    LiteLLMProxy,
+    RequestLogDatabase,
+    ensure_litellm,
+)
 from bench.loadgen import run_point  # noqa: E402
 from bench.processes import free_port, log  # noqa: E402
 from bench.rlgw_process import BENCH_ENV, RlgwServer  # noqa: E402
@@ -77,6 +82,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432", help="Postgres server")
     p.add_argument("--rlgw-workers", type=int, default=1, help="rlgw serve --workers")
     p.add_argument("--litellm-version", default=LITELLM_VERSION)
+    p.add_argument(
+        "--litellm-log",
+        choices=["none", "postgres"],
+        default="none",
+        help="postgres: LiteLLM logs every call to Postgres (bench/litellm_pg_logger.py)",
+    )
     p.add_argument("--upstream-delay-ms", type=float, default=0.0, help="fake upstream delay")
     p.add_argument("--upstream-token-ms", type=float, default=0.0, help="... per output token")
     p.add_argument("--out", type=Path, default=OUT)
@@ -191,14 +202,42 @@ def start_paths(stack: contextlib.ExitStack, args: argparse.Namespace, work: Pat
             raise SystemExit(f"rlgw does not record the fake upstream's completions: {problems}")
         backends = postgres_backends(f"{args.pg}/postgres", gw.db)
         meters["rlgw"] = CpuMeter({"upstream": upstream.pid, "gateway": gw.proc.pid}, backends)
+    log_db = None
     if "litellm" in args.paths:
         ensure_litellm(args.litellm_version, log)
+        if args.litellm_log == "postgres":
+            log_db = stack.enter_context(RequestLogDatabase(args.pg))
+            log(f"LiteLLM logs every call to database {log_db.db}")
         log("starting the LiteLLM proxy (about 30 s)")
-        proxy = stack.enter_context(LiteLLMProxy(free_port(), MODEL, up, work))
+        dsn = log_db.dsn if log_db is not None else None
+        proxy = stack.enter_context(LiteLLMProxy(free_port(), MODEL, up, work, pg_log_dsn=dsn))
         urls["litellm"] = proxy.url
-        meters["litellm"] = CpuMeter({"upstream": upstream.pid, "gateway": proxy.proc.pid})
+        backends = None
+        if log_db is not None:
+            backends = litellm_log_backends(proxy.url, log_db, args)
+        meters["litellm"] = CpuMeter(
+            {"upstream": upstream.pid, "gateway": proxy.proc.pid}, backends
+        )
         log(f"LiteLLM {args.litellm_version} proxy on {proxy.url}")
-    return urls, meters, gw
+    return urls, meters, gw, log_db
+
+
+def litellm_log_backends(url: str, log_db: RequestLogDatabase, args: argparse.Namespace) -> list:
+    """One call through LiteLLM, once logged: the Postgres backends of its request log (its CPU
+    is counted with LiteLLM's, as rlgw's Postgres backends are with rlgw's)."""
+    with httpx.Client(timeout=30) as http:
+        reply = http.post(
+            url + API_PATH[args.api],
+            content=body_for(args.api, 8, False),
+            headers={"content-type": "application/json"},
+        )
+        reply.raise_for_status()
+    deadline = time.monotonic() + 30
+    while log_db.rows() < 1:
+        if time.monotonic() > deadline:
+            raise SystemExit("LiteLLM did not log a call to Postgres within 30 s")
+        time.sleep(0.2)
+    return postgres_backends(f"{args.pg}/postgres", log_db.db)
 
 
 def measure(args: argparse.Namespace, points: list[tuple], urls: dict, meters: dict) -> list:
@@ -255,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     with contextlib.ExitStack() as stack:
-        urls, meters, gw = start_paths(stack, args, work)
+        urls, meters, gw, log_db = start_paths(stack, args, work)
         t_start = time.monotonic()
         rows = measure(args, points, urls, meters)
         meta = {
@@ -279,8 +318,25 @@ def run(args: argparse.Namespace) -> int:
         if gw is not None:
             meta["rlgw_records"] = gw.record_counts()
             log(f"rlgw stored completions: {meta['rlgw_records']}")
+        if log_db is not None:
+            meta["litellm_log"] = "postgres"
+            meta["litellm_logged_rows"] = settled_rows(log_db)
+            served = sum(r["ok"] for r in rows if r["path"] == "litellm")
+            log(f"LiteLLM logged {meta['litellm_logged_rows']} calls (measured ok: {served})")
     write_outputs(args.out, meta, rows)
     return 0
+
+
+def settled_rows(log_db: RequestLogDatabase, quiet_s: float = 3.0) -> int:
+    """The calls LiteLLM logged, once the count stopped growing for `quiet_s` (its callbacks run
+    after the answers)."""
+    rows, since = log_db.rows(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        time.sleep(0.5)
+        now = log_db.rows()
+        if now != rows:
+            rows, since = now, time.monotonic()
+    return rows
 
 
 def progress_line(row: dict, direct: dict | None) -> str:

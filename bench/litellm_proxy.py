@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -65,9 +67,21 @@ def ensure_litellm(version: str = LITELLM_VERSION, log: Callable[[str], None] = 
     return exe
 
 
-def write_config(directory: Path, model: str, upstream_url: str) -> tuple[Path, Path]:
-    """The proxy's YAML config and a logging config that silences the access log."""
+PG_LOGGER = BENCH / "litellm_pg_logger.py"
+PG_LOGGER_DSN_ENV = "RLGW_BENCH_LITELLM_PG"  # bench/litellm_pg_logger.py reads it
+
+
+def write_config(
+    directory: Path, model: str, upstream_url: str, pg_log: bool = False
+) -> tuple[Path, Path]:
+    """The proxy's YAML config and a logging config that silences the access log. With `pg_log`,
+    every successful call is logged to Postgres by bench/litellm_pg_logger.py (copied beside the
+    config, where LiteLLM looks for a custom callback's module)."""
     config = directory / "litellm_config.yaml"
+    callbacks = ""
+    if pg_log:
+        shutil.copyfile(PG_LOGGER, directory / "pg_request_log.py")
+        callbacks = '  callbacks: ["pg_request_log.proxy_handler_instance"]\n'
     config.write_text(
         "model_list:\n"
         f"  - model_name: {model}\n"
@@ -76,7 +90,7 @@ def write_config(directory: Path, model: str, upstream_url: str) -> tuple[Path, 
         f"      api_base: {upstream_url}/v1\n"
         "      api_key: unused\n"
         "litellm_settings:\n"
-        "  telemetry: false\n"
+        "  telemetry: false\n" + callbacks
     )
     logging = directory / "litellm_logging.json"
     handler = {"class": "logging.StreamHandler", "stream": "ext://sys.stderr"}
@@ -100,19 +114,26 @@ def write_config(directory: Path, model: str, upstream_url: str) -> tuple[Path, 
 class LiteLLMProxy:
     """`litellm --config ... --port P` in its own session; `url` is its base URL."""
 
-    def __init__(self, port: int, model: str, upstream_url: str, workdir: Path) -> None:
+    def __init__(
+        self, port: int, model: str, upstream_url: str, workdir: Path, pg_log_dsn: str | None = None
+    ) -> None:
         self.port, self.model, self.upstream_url, self.workdir = port, model, upstream_url, workdir
+        self.pg_log_dsn = pg_log_dsn  # log every call to this database (bench/litellm_pg_logger)
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = workdir / f"litellm-{port}.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 180.0) -> LiteLLMProxy:
         exe = VENV / "bin" / "litellm"
-        config, logging = write_config(self.workdir, self.model, self.upstream_url)
+        config, logging = write_config(
+            self.workdir, self.model, self.upstream_url, pg_log=self.pg_log_dsn is not None
+        )
         cmd = [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["--num_workers", "1", "--keepalive_timeout", "75", "--log_config", str(logging)]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DATABASE_URL"))}
         env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+        if self.pg_log_dsn is not None:
+            env[PG_LOGGER_DSN_ENV] = self.pg_log_dsn
         self.proc = start_server(
             cmd,
             env=env,
@@ -133,3 +154,41 @@ class LiteLLMProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# The table bench/litellm_pg_logger.py inserts into.
+REQUEST_LOG_TABLE = (
+    "CREATE TABLE request_log (id bigserial PRIMARY KEY, call_id text, model text, "
+    "request jsonb NOT NULL, response jsonb NOT NULL, started timestamptz, ended timestamptz)"
+)
+
+
+class RequestLogDatabase:
+    """A fresh database rlgw_bench_litellm_<random> with bench/litellm_pg_logger.py's table,
+    dropped on exit; `dsn` is its URL, `rows()` the calls logged so far."""
+
+    def __init__(self, pg: str) -> None:
+        self.pg = pg.rstrip("/")
+        self.db = "rlgw_bench_litellm_" + secrets.token_hex(4)
+        self.dsn = f"{self.pg}/{self.db}"
+
+    def __enter__(self) -> RequestLogDatabase:
+        import psycopg
+
+        with psycopg.connect(f"{self.pg}/postgres", autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {self.db}")
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(REQUEST_LOG_TABLE)
+        return self
+
+    def rows(self) -> int:
+        import psycopg
+
+        with psycopg.connect(self.dsn) as conn:
+            return conn.execute("SELECT count(*) FROM request_log").fetchone()[0]
+
+    def __exit__(self, *exc: object) -> None:
+        import psycopg
+
+        with psycopg.connect(f"{self.pg}/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")

@@ -139,8 +139,8 @@ def cpu_table(points: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         "| tokens | mode | conc | upstream (direct) | rlgw | rlgw's Postgres backends "
-        "| LiteLLM | client (direct / rlgw / LiteLLM) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| LiteLLM | LiteLLM's Postgres backends | client (direct / rlgw / LiteLLM) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for point in points:
         tokens, stream, conc = point["key"]
@@ -148,7 +148,8 @@ def cpu_table(points: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {tokens} | {_mode(stream)} | {conc} | {cpu(point, 'direct', 'upstream')} | "
             f"{cpu(point, 'rlgw', 'gateway')} | {cpu(point, 'rlgw', 'postgres')} | "
-            f"{cpu(point, 'litellm', 'gateway')} | {clients} |"
+            f"{cpu(point, 'litellm', 'gateway')} | {cpu(point, 'litellm', 'postgres')} | "
+            f"{clients} |"
         )
     return lines
 
@@ -228,9 +229,14 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], points: list[dict
             f"recording, {env}; stored: {meta.get('rlgw_records')}."
         )
     if meta.get("litellm_version"):
+        logging = (
+            f"every call logged to Postgres by bench/litellm_pg_logger.py (a success callback; "
+            f"{meta.get('litellm_logged_rows')} rows)"
+            if meta.get("litellm_log") == "postgres"
+            else "no database, no callbacks"
+        )
         lines.append(
-            f"LiteLLM: proxy {meta['litellm_version']}, one worker, no database, no callbacks, "
-            "access log off."
+            f"LiteLLM: proxy {meta['litellm_version']}, one worker, {logging}, access log off."
         )
     lines += ["", *table(points), ""]
     ttfb = ttfb_table(points)
