@@ -5,9 +5,10 @@ any other request goes to the route itself, unchanged, so every refusal is the r
 A lane is a route placed ahead of the table. It reads the body, then hands the request on (with
 the messages it read replayed) unless the body is a JSON object that its route's body model
 accepts, read by orjson exactly as the route would read it with the stdlib, sent as
-`application/json`, with headers the route accepts. A lane serves as its route would: the same caller admission, the
-same handler, the route's own scope entries (metrics, error envelopes), exceptions left to the
-app's handlers. The routes stay the definition: the OpenAPI schema and every error answer.
+`application/json`, with headers the route accepts. A lane serves as its route would: the same
+caller admission, the same handler, the route's own scope entries (metrics, error envelopes),
+exceptions left to the app's handlers. The routes stay the definition: the OpenAPI schema and
+every error answer.
 """
 
 from __future__ import annotations
