@@ -16,14 +16,13 @@ from pathlib import Path
 import httpx
 
 from rlgw.adapters import max_lora_rank
-from rlgw.model_dir import TOOL_PARSERS
 from rlgw.placement import Placement, pinned_argv
+from rlgw.tool_parsers import AUTO, choose_tool_parser
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 PLATFORMS = ("cpu", "gpu")
 # 512 is too short with a byte-level tokenizer: one small tool schema makes a ~400-token prompt.
 CPU_MAX_MODEL_LEN = 2048
-AUTO = "auto"  # tool-call parser: the one of the model's family (rlgw/model_dir.py)
 DEFAULT_LOG_LEVEL = "WARNING"
 WORKER_EXTENSION = "trainer.vllm_worker.WeightUpdateExtension"
 # Adapters resident at once: the served one and the one a swap loads beside it.
@@ -32,7 +31,12 @@ PROGRESS_EVERY_S = 10.0
 
 
 class BackendError(RuntimeError):
-    """The vLLM backend failed to start or to become healthy."""
+    """The vLLM backend failed to start or to become healthy. Its message is one line that names
+    the log; the log's last lines are kept in `log_tail` for whoever wants more."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
 
 
 def detect_platform() -> str:
@@ -76,8 +80,9 @@ def backend_command(
 
     `extra_args` are appended last; a flag given there replaces the default of the same name
     (for --dtype and --max-model-len). `max_model_len` defaults to CPU_MAX_MODEL_LEN on the CPU
-    and to the model's own limit on a GPU. `tool_call_parser` "auto" takes the parser of the
-    model's family (none for a family without one); None serves without tool calls.
+    and to the model's own limit on a GPU. `tool_call_parser` "auto" takes the parser that the
+    checkpoint's tokenizer and template support (rlgw/tool_parsers.py; none when none fits), a
+    named one is checked the same way (ToolParserError); None serves without tool calls.
     `lora_rank` (a model trained with LoRA) turns on run-time adapters up to that rank (rounded
     up to a value vLLM accepts), two resident at once (the served one and the next).
     """
@@ -97,7 +102,7 @@ def backend_command(
         "--port",
         str(port),
     ]
-    parser = _family_tool_parser(model_dir) if tool_call_parser == AUTO else tool_call_parser
+    parser = choose_tool_parser(model_dir, tool_call_parser).parser
     if parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     if not _has_flag(extra, "--dtype"):
@@ -117,14 +122,6 @@ def backend_command(
     if lora_rank:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter
     return argv, env
-
-
-def _family_tool_parser(model_dir: Path) -> str | None:
-    try:
-        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None
-    return TOOL_PARSERS.get(str(model_type))
 
 
 def _cpu_max_model_len(model_dir: Path) -> int:
@@ -216,9 +213,11 @@ def _probe(client: httpx.Client, base_url: str) -> bool:
 
 
 def _failure(message: str, log_path: Path | str | None) -> BackendError:
-    tail = log_tail(log_path)
     where = f" (log: {log_path})" if log_path else ""
-    return BackendError(f"{message}{where}" + (f"\n--- last log lines ---\n{tail}" if tail else ""))
+    error = BackendError(f"{message}{where}", log_tail(log_path))
+    if error.log_tail:  # shown in a traceback (a test's failure), never in the CLI's one line
+        error.add_note(f"--- last log lines ---\n{error.log_tail}")
+    return error
 
 
 def wait_healthy(
@@ -295,16 +294,17 @@ def run_backend_foreground(
     model_dir: Path | str,
     port: int,
     *,
+    log_path: Path | str | None = None,
     stop_timeout_s: float = 20,
     **command_kwargs,
 ) -> int:
-    """Run vLLM attached to this terminal until it exits; forward SIGINT/SIGTERM/SIGHUP to it.
+    """Run vLLM until it exits, its output in `log_path`; forward SIGINT/SIGTERM/SIGHUP to it.
+    A server that dies before it is healthy is a BackendError (one line naming the log).
 
     Returns vLLM's exit code (128 + signal number when it was killed by a signal).
     """
-    argv, env_add = backend_command(check_model_dir(model_dir), port, **command_kwargs)
-    print(f"[backend] {' '.join(argv)}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(argv, env={**os.environ, **env_add}, start_new_session=True)
+    proc = start_backend(model_dir, port, log_path=log_path, **command_kwargs)
+    print(f"[backend] starting vLLM on port {port} (log: {proc.log_path})", file=sys.stderr)  # type: ignore[attr-defined]
     stopping = False
 
     def forward(signum: int, _frame) -> None:
@@ -317,6 +317,11 @@ def run_backend_foreground(
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
+        host = command_kwargs.get("host", "127.0.0.1")
+        with contextlib.suppress(BackendError):  # stopped by a signal while starting
+            wait_healthy(f"http://{host}:{port}", timeout_s=600, proc=proc)
+        if proc.poll() is not None and not stopping:
+            raise _failure(f"vLLM exited with code {proc.returncode} before healthy", proc.log_path)  # type: ignore[attr-defined]
         rc = proc.wait()
     finally:
         for sig, handler in previous.items():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 PlacementKind = Literal["shared", "separated", "colocated"]
@@ -49,7 +50,20 @@ def format_cpus(cpus: frozenset[int]) -> str:
 
 
 def available_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (what a default split divides)."""
     return frozenset(os.sched_getaffinity(0))
+
+
+def machine_cpus() -> frozenset[int]:
+    """The CPUs of this machine (its cgroup's cpuset where one is set), whatever this process is
+    pinned to: a trainer pinned to its own cores from birth still checks the backends' cores
+    against the machine, not against its own mask."""
+    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"):
+        try:
+            return parse_cpus(Path(path).read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return frozenset(range(os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,7 @@ class Placement:
                 raise ValueError("--trainer-cpus / --backend-cpus need --placement separated")
             return cls(kind)  # type: ignore[arg-type]
         pool = available if available is not None else available_cpus()
+        machine = available if available is not None else pool | machine_cpus()
         trainer = parse_cpus(trainer_cpus) if trainer_cpus else None
         backend = parse_cpus(backend_cpus) if backend_cpus else None
         if trainer is None and backend is None:
@@ -96,9 +111,9 @@ class Placement:
                 "is given to both the trainer and the backends"
             )
         for name, cpus in (("trainer", trainer), ("backend", backend)):
-            if not cpus <= pool:
+            if not cpus <= machine:
                 raise ValueError(
-                    f"--{name}-cpus {format_cpus(cpus)}: this machine offers {format_cpus(pool)}"
+                    f"--{name}-cpus {format_cpus(cpus)}: this machine offers {format_cpus(machine)}"
                 )
         return cls("separated", trainer, backend)
 

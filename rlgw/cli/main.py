@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
+from rlgw.backend_launcher import BackendError
 from rlgw.database import SchemaOutOfDate
 from rlgw.db.faults import is_connection_error
 from rlgw.model_dir import ModelDirError
@@ -39,6 +40,8 @@ def _expected_failure(exc: BaseException) -> tuple[str, int] | None:
         return str(exc), exc.code
     if isinstance(exc, SchemaOutOfDate | ModelDirError):
         return str(exc), 2
+    if isinstance(exc, BackendError):  # vLLM did not start: its log says why
+        return str(exc), 1
     if isinstance(exc, ValidationError) and exc.title == "Settings":  # an RLGW_* value refused
         first = exc.errors()[0]
         where = "_".join(str(part) for part in first["loc"]).upper()

@@ -10,6 +10,7 @@ from rlgw.database import ready_database_url
 from rlgw.db.engine import make_sync_engine
 from rlgw.model_dir import check_servable, inspect_model_dir
 from rlgw.settings import Settings
+from rlgw.tool_parsers import choose_tool_parser
 
 from .output import CommandError, info
 from .train import trainer_errors
@@ -54,8 +55,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tool-call-parser",
         default=AUTO,
-        help="vLLM tool-call parser: auto (the model family's: Qwen hermes, Llama llama3_json, "
-        "Mistral mistral), none, or a vLLM parser name",
+        help="vLLM tool-call parser: auto (the one the checkpoint's tokenizer and chat template "
+        "support: hermes, llama3_json or mistral; none when none fits), none, or a vLLM parser "
+        "name (refused before vLLM starts when the checkpoint cannot support it)",
     )
 
 
@@ -80,14 +82,18 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 def cmd_backend(args: argparse.Namespace) -> int:
     model_dir, name = user_model(args.model, args.name)
+    tools = choose_tool_parser(model_dir, tool_parser_arg(args.tool_call_parser))
+    if tools.notice:
+        info(f"[rlgw] {tools.notice}")
     return run_backend_foreground(
         model_dir,
         args.port,
+        log_path=Settings().home / "logs" / f"vllm-{args.port}.log",
         host=args.host,
         served_model_name=name,
         platform=args.platform,
         dtype=args.dtype,
-        tool_call_parser=tool_parser_arg(args.tool_call_parser),
+        tool_call_parser=tools.parser,
         lora_rank=args.max_lora_rank,
     )
 

@@ -15,6 +15,7 @@ from rlgw.db.migrate import upgrade
 from rlgw.placement import Placement, pinned_argv
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
+from rlgw.tool_parsers import choose_tool_parser
 
 from .lora import add_lora_flags, lora_argv, lora_mode
 from .models import PRESETS, add_model_flags, preset_model, tool_parser_arg, user_model
@@ -85,6 +86,9 @@ def run_up(
     spec = lora_mode(url, model, lora) if lora is not None else None
     if spec is not None:
         info(f"[rlgw] {model} trains LoRA adapters (rank {spec.rank}, alpha {spec.alpha:g})")
+    tools = choose_tool_parser(model_dir, tool_call_parser)  # a named one that cannot work: exit 2
+    if tools.notice:
+        info(f"[rlgw] {tools.notice}")
     log_path = settings.home / "logs" / f"vllm-{backend_port}.log"
     info(f"[rlgw] starting vLLM on port {backend_port} (log: {log_path}); {placement.describe()}")
     backend = start_backend(
@@ -93,7 +97,7 @@ def run_up(
         served_model_name=model,
         log_path=log_path,
         dtype=dtype,
-        tool_call_parser=tool_call_parser,
+        tool_call_parser=tools.parser,
         placement=placement,
         lora_rank=spec.rank if spec else None,
     )

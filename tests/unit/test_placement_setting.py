@@ -65,3 +65,19 @@ def test_a_pinned_command_and_its_children_run_on_their_cores_only() -> None:
         timeout=60,
     )
     assert done.stdout.split() == [f"{{{cpu}}}", f"{{{cpu}}}"], done.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_a_trainer_pinned_to_its_cores_accepts_the_backends_cores_it_was_started_with():
+    """`rlgw up --placement separated` starts the trainer pinned to its cores from birth; the
+    trainer then validates the same core lists, the backends' included, and must accept them."""
+    trainer, backend = sorted(os.sched_getaffinity(0))[-1], sorted(os.sched_getaffinity(0))[0]
+    probe = (
+        "import os, sys; from rlgw.placement import Placement; "
+        f"os.sched_setaffinity(0, {{{trainer}}}); "
+        f"p = Placement.choose('separated', trainer_cpus='{trainer}', backend_cpus='{backend}'); "
+        "print(sorted(p.trainer_cpus), sorted(p.backend_cpus))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"[{trainer}]", f"[{backend}]"]
