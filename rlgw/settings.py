@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,13 @@ class Settings(BaseSettings):
     home: Path = Field(
         default=Path.home() / ".rlgw",
         description="State directory: embedded Postgres data, generated models, logs.",
+    )
+    model_cache: Path = Field(
+        default_factory=lambda: (
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlgw" / "models"
+        ),
+        description="Where pretrained models are fetched and converted once, for every home "
+        "(<home>/models/<name> links there).",
     )
     database_url: str | None = Field(
         default=None,

@@ -131,6 +131,8 @@ def choose_tool_parser(model_dir: Path | str, requested: str | None = AUTO) -> T
             )
         return ToolParserChoice(requested, None)
     family = _family_parser(root)
+    if not facts.template and not facts.tokens:  # no tokenizer files to read: trust the family
+        return ToolParserChoice(family, None)
     candidates = [family] if family else []
     candidates += [name for name in PARSER_NEEDS if name != family]
     for name in candidates:

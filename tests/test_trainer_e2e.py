@@ -31,7 +31,7 @@ from trainer.errors import PushRefused
 from trainer.parity import reference_scores, served_scores
 from trainer.publish import Publisher
 from trainer.push import push
-from trainer.service import COMMIT_DELAY_ENV, FAULT_ENV, OnlineTrainer
+from trainer.service import COMMIT_DELAY_ENV, FAULT_ENV, NO_SIGNAL, OnlineTrainer
 from trainer.vllm_control import VllmControl
 from trainer.weights import apply_delta
 
@@ -165,6 +165,25 @@ def test_one_update_is_served_verified_and_recorded_in_the_ledger(env):
     trainer.close()
     reply = env.http.post(f"/v1/sessions/{episodes[0][0]}/rewards", json={"value": 1.0})
     assert reply.status_code == 409 and reply.json()["error"]["code"] == "session_consumed"
+
+
+def test_a_group_with_one_reward_for_all_makes_no_version_and_says_why(env):
+    """Every member of the group got 1.0: normalized, every advantage is 0 and the gradient is
+    zero. No version is made (no step, no swap); the sessions are dropped with the reason."""
+    drain_queue(env)
+    same = [env.episode(1.0, group_id="all-right", group_size=3) for _ in range(3)]
+    version = current_version(env)
+    trainer = env.trainer()
+    report = trainer.step()
+    assert report is not None and report.version is None and report.sessions == 3
+    assert current_version(env) == version
+    with env.db() as db:
+        rows = [db.get(AgentSession, s) for s, _ in same]
+        assert {(r.status, r.dropped_reason) for r in rows} == {("dropped", NO_SIGNAL)}
+    env.episode(1.0, group_id="mixed", group_size=2)
+    env.episode(0.0, group_id="mixed", group_size=2)
+    assert trainer.step().version == version + 1  # an ordinary group still trains
+    trainer.close()
 
 
 def run_trainer_process(env: Env, fault: str | None) -> subprocess.CompletedProcess:

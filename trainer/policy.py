@@ -87,7 +87,9 @@ class Policy:
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """One version's optimisation on every rank (raises UpdateOutOfMemory on a device OOM)."""
-        return policy_update(self.training, self.optimizer, samples, self.config, self.pad_id)
+        return policy_update(
+            self.training, self.optimizer, samples, self.config, self.pad_id, scheduled=True
+        )
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The updated weights, whole, fp32 on the CPU, on rank 0 (the reference holds them
@@ -127,7 +129,7 @@ class Policy:
     def _new_optimizer(self) -> torch.optim.AdamW:
         return torch.optim.AdamW(
             [p for p in self.training.parameters() if p.requires_grad],  # LoRA: the adapter
-            lr=self.config.lr,
+            lr=self.config.learning_rate,
             betas=self.config.betas,
             weight_decay=self.config.weight_decay,
         )

@@ -57,6 +57,7 @@ from .weight_update.files import DeltaFile, FullFile
 from .weight_update.lora import LoraAdapter
 from .weights import delta, state_dict
 
+NO_SIGNAL = "no learning signal: every advantage in the batch is zero (equal rewards)"
 FAULT_ENV = "RLGW_TRAINER_FAULT"  # test hook: "crash-before-commit" | "crash-after-commit"
 # Test hook: seconds rank 0 waits before it records a version (a big model's commit, alone).
 COMMIT_DELAY_ENV = "RLGW_TEST_COMMIT_DELAY_S"
@@ -133,6 +134,7 @@ class OnlineTrainer:
             lora = self.policy.lora
             where += f", LoRA rank {lora.rank} alpha {lora.alpha:g} on {lora.targets or 'defaults'}"
         self.log(f"[train] {restored}")
+        self.log(f"[train] config: {config.describe()}")
         self.log(f"[train] {model_name}: starting from version {self.version} on {where}")
         if warning := slow_bf16_warning(self.dist.device, config.dtype):
             self.log(f"[train] warning: {warning}")
@@ -223,15 +225,22 @@ class OnlineTrainer:
             config=self.config,
             lineage=depths,
         )
-        if not samples:  # nothing trainable: the sessions are spent, say why
+        # Nothing trainable, or nothing to learn (every advantage zero: each group's members got
+        # the same reward, so the gradient is zero): no version; the sessions are spent, say why.
+        silent = bool(samples) and not any(s.advantage for s in samples)
+        if not samples or silent:
             with self.sessions() as db, db.begin():
                 for sid in claim.session_ids:
                     session = db.get(AgentSession, sid)
                     session.status = "dropped"
                     session.dropped_reason = (
-                        "; ".join(sorted({s.reason for s in skips if s.session_id == sid}))
+                        NO_SIGNAL
+                        if silent
+                        else "; ".join(sorted({s.reason for s in skips if s.session_id == sid}))
                         or "no steps"
                     )
+            if silent:
+                self.log(f"[train] {len(claim.session_ids)} session(s) dropped: {NO_SIGNAL}")
             return StepReport(
                 None, len(claim.session_ids), 0, len(skips), len(claim.session_ids), {}, []
             )

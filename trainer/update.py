@@ -67,8 +67,12 @@ def policy_update(
     samples: list[Sample],
     config: TrainerConfig,
     pad_id: int,
+    *,
+    scheduled: bool = False,
 ) -> dict[str, float]:
     """Optimise on `samples`; returns token-weighted metrics over the minibatches (all ranks).
+    `scheduled`: each step's learning rate is the config's (warmup included); otherwise the
+    optimizer's own stands (an optimizer a caller made for itself).
 
     Under torch.distributed the model must be sharded with `trainer.distributed.shard_model` (or,
     a LoRA model, replicated with `replicate_model`) and
@@ -86,7 +90,7 @@ def policy_update(
     model.train()
     try:
         plan = plan_update(samples, config, pad_id, device)
-        metrics = _optimise(model, optimizer, plan, config, device, steps)
+        metrics = _optimise(model, optimizer, plan, config, device, steps, scheduled)
     except torch.OutOfMemoryError as err:  # handled below: `err` pins the failed graph's memory
         failure = str(err).splitlines()[0] if str(err) else "torch.OutOfMemoryError"
     finally:
@@ -106,6 +110,7 @@ def _optimise(
     config: TrainerConfig,
     device: torch.device,
     steps: list[int],
+    scheduled: bool,
 ) -> dict[str, float]:
     """The optimizer steps of one update; `steps` grows by one per step taken."""
     world = collectives.world_size()
@@ -116,6 +121,7 @@ def _optimise(
         proximal = [[batch_logprobs(model, b) for b in mbs] for mbs in plan.microbatches[1:]]
     sums = [0.0] * (len(METRICS) + 1)  # each metric * its tokens, then the tokens
     grad_norms = 0.0  # sum over minibatches of grad_norm * tokens (already global)
+    lr = optimizer.param_groups[0]["lr"]
     for i, (microbatches, n_tokens) in enumerate(zip(plan.microbatches, plan.tokens, strict=True)):
         optimizer.zero_grad(set_to_none=True)
         for j, batch in enumerate(microbatches):
@@ -138,13 +144,26 @@ def _optimise(
             weighted = [metrics[k] * metrics["tokens"] for k in METRICS] + [metrics["tokens"]]
             sums = [a + b for a, b in zip(sums, weighted, strict=True)]
         grad_norms += collectives.clip_grad_norm(model.parameters(), config.grad_clip) * n_tokens
+        if scheduled:  # the step count lives in AdamW's state: the schedule survives restarts
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr_at(steps_done(optimizer) + 1)
+        lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         steps.append(i)
     optimizer.zero_grad(set_to_none=True)  # free the gradients until the next update
     totals = collectives.all_reduce(torch.tensor(sums, dtype=torch.float64, device=device)).tolist()
     tokens = max(totals[-1], 1.0)
     out = {k: v / tokens for k, v in zip(METRICS, totals[:-1], strict=True)}
-    return {**out, "tokens": totals[-1], "grad_norm": grad_norms / tokens}
+    return {**out, "tokens": totals[-1], "grad_norm": grad_norms / tokens, "lr": lr}
+
+
+def steps_done(optimizer: torch.optim.Optimizer) -> int:
+    """Optimizer steps taken over the whole run: AdamW's own count, kept in its state (saved and
+    restored with the moments). 0 for an optimizer without one."""
+    for state in optimizer.state.values():
+        if "step" in state:
+            return int(state["step"])
+    return 0
 
 
 def _oom_message(config: TrainerConfig, device: torch.device, failure: str, steps: int) -> str:

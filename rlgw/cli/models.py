@@ -15,7 +15,9 @@ from rlgw.tool_parsers import choose_tool_parser
 from .output import CommandError, info
 from .train import trainer_errors
 
-PRESETS = ["tiny", "small", "bench-0.5b"]
+DEFAULT_MODEL = "smollm2-135m-instruct"  # a real pretrained instruct model (trainer/pretrained.py)
+RANDOM_PRESETS = ["tiny", "small", "bench-0.5b"]  # random local models, for tests and benchmarks
+PRESETS = [DEFAULT_MODEL, *RANDOM_PRESETS]
 
 
 def user_model(model_dir: str, name: str | None) -> tuple[Path, str]:
@@ -29,7 +31,13 @@ def user_model(model_dir: str, name: str | None) -> tuple[Path, str]:
 
 
 def preset_model(settings: Settings, preset: str, seed: int) -> tuple[Path, str]:
-    """A local random model of a preset under RLGW_HOME, created on first use."""
+    """A preset's model under RLGW_HOME, made on first use: the pretrained default (a link to
+    the shared cache, converted once), or a local random model of a preset."""
+    if preset not in RANDOM_PRESETS:
+        from trainer.pretrained import PRETRAINED, install_pretrained
+
+        link = settings.home / "models" / preset
+        return install_pretrained(link, PRETRAINED[preset], log=info), preset
     from trainer.init_model import create_model  # here for start-up time: it imports torch
 
     name = f"{preset}-seed{seed}"
@@ -64,6 +72,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 def cmd_init_model(args: argparse.Namespace) -> int:
     from trainer.init_model import create_model
 
+    if args.preset not in RANDOM_PRESETS:  # the pretrained model: a link to the shared cache
+        from trainer.pretrained import PRETRAINED, PretrainedError, install_pretrained
+
+        try:
+            install_pretrained(Path(args.out), PRETRAINED[args.preset], log=info)
+        except PretrainedError as exc:
+            raise CommandError(str(exc), code=1) from None
+        return 0
     try:
         create_model(
             Path(args.out),
@@ -119,7 +135,13 @@ def cmd_export_model(args: argparse.Namespace) -> int:
 
 
 def add_commands(add) -> None:
-    p = add("init-model", cmd_init_model, "Write a small random model (Qwen2, Qwen3 or Llama).")
+    p = add(
+        "init-model",
+        cmd_init_model,
+        f"Make a model directory: {DEFAULT_MODEL} (a real pretrained instruct model, fetched "
+        "and converted once into a shared cache; --out becomes a link to it) or a small random "
+        "model (Qwen2, Qwen3 or Llama).",
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--preset", default="tiny", choices=PRESETS)
     p.add_argument("--seed", type=int, default=0)

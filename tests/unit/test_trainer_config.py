@@ -37,3 +37,35 @@ def test_cuda_without_a_device_is_refused() -> None:
 def test_a_smaller_sample_limit_allows_a_smaller_micro_batch() -> None:
     config = TrainerConfig(max_tokens_per_sample=512, max_tokens_per_microbatch=512)
     assert config.max_tokens_per_microbatch == 512
+
+
+def test_the_learning_rate_defaults_per_mode_and_is_recorded_resolved() -> None:
+    full, lora = TrainerConfig(), TrainerConfig(lora_rank=8)
+    assert (full.learning_rate, lora.learning_rate) == (1e-5, 1e-4)
+    assert full.as_dict()["lr"] == 1e-5 and lora.as_dict()["lr"] == 1e-4
+    assert TrainerConfig(lr=3e-4, lora_rank=8).as_dict()["lr"] == 3e-4
+    assert "lr=1e-05" in full.describe() and "lr_warmup_steps=4" in full.describe()
+
+
+def test_warmup_rises_linearly_to_the_peak_then_holds() -> None:
+    config = TrainerConfig(lr=1e-4, lr_warmup_steps=4)
+    assert [config.lr_at(s) for s in (1, 2, 3, 4, 9)] == pytest.approx(
+        [2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4]
+    )
+    assert TrainerConfig(lr=1e-4, lr_warmup_steps=0).lr_at(1) == 1e-4
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        TrainerConfig(lr=0.0)
+
+
+def test_the_step_count_of_the_schedule_survives_a_restart_of_the_moments() -> None:
+    from trainer.update import steps_done
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    assert steps_done(optimizer) == 0
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert steps_done(optimizer) == 1
+    restored = torch.optim.AdamW(model.parameters(), lr=1.0)
+    restored.load_state_dict(optimizer.state_dict())  # as a restart restores the moments
+    assert steps_done(restored) == 1

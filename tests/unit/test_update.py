@@ -171,3 +171,14 @@ def test_state_helpers_work_in_one_process_too() -> None:
     assert torch.equal(
         fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"]
     )
+
+
+def test_a_scheduled_update_warms_the_learning_rate_up_step_by_step() -> None:
+    model = tiny_model(0)
+    cfg = config(lr=1e-3, lr_warmup_steps=4, minibatches=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
+    first = policy_update(model, optimizer, random_samples(4), cfg, PAD_ID, scheduled=True)
+    assert first["lr"] == pytest.approx(cfg.lr_at(2))  # the update's last step: 2 of 4
+    second = policy_update(model, optimizer, random_samples(4), cfg, PAD_ID, scheduled=True)
+    assert second["lr"] == pytest.approx(1e-3)  # steps 3 and 4: warm
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
