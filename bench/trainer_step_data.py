@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from rlgw import registry
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.db.models import AgentSession, Completion, Reward
 from rlgw.db.token_arrays import pack_ids, pack_logprobs
 from rlgw.db.urls import to_sqlalchemy_url

@@ -19,7 +19,7 @@ RUN python3 -m pip list --format=freeze > /tmp/image-pins.txt \
         "sqlalchemy[asyncio]>=2.0.30" "alembic>=1.13" "psycopg[binary]>=3.2" \
         "pydantic-settings>=2.3" "authlib>=1.3" "uvicorn[standard]>=0.30" \
     && rm -rf /tmp/rlgw-src /tmp/image-pins.txt \
-    && python3 -c "import trainer, rlgw.cli, rlgw.db.migrate"
+    && python3 -c "import trainer, rlgw_cli, migrations.runner"
 
 # Control endpoints (/pause, /resume, /collective_rpc, /update_weight_version) need dev mode.
 ENV VLLM_SERVER_DEV_MODE=1 \

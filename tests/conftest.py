@@ -15,9 +15,9 @@ import httpx
 import psycopg
 import pytest
 
-from rlgw.cli.serve import GatewayThread
+from rlgw_cli.serve import GatewayThread
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.db.urls import to_libpq_uri, to_sqlalchemy_url
 from rlgw.ports import free_port
 from rlgw.settings import Settings

@@ -15,9 +15,9 @@ from sqlalchemy import create_engine, text
 
 from gateway.main import create_app
 from rlgw import agent_keys
-from rlgw.cli.main import main as rlgw_main
+from rlgw_cli.main import main as rlgw_main
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
 from trainer.service import OnlineTrainer

@@ -232,7 +232,7 @@ def test_the_trainer_and_vllm_agree_on_where_versions_live(config: dict[str, Any
 
 
 def test_the_trainer_trains_on_the_gpu_it_reserves_in_bf16(config: dict[str, Any]) -> None:
-    from rlgw.cli import build_parser
+    from rlgw_cli import build_parser
     from trainer.config import DEVICES, DTYPES
 
     trainer, vllm = config["services"]["trainer"], config["services"]["vllm"]

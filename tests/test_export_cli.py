@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from rlgw.cli import main
+from rlgw_cli import main
 from rlgw.export import export_command
 
 from conftest import MODEL_NAME

@@ -19,7 +19,7 @@ from gateway.recording.record import CompletionRecord
 from gateway.recording.recorder import Recorder
 from gateway.recording.store import store_batch
 from rlgw.db.engine import make_async_engine
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 
 
 def record(

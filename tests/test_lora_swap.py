@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from gateway.main import create_app
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.db.models import Backend, PolicyVersion, RegisteredModel
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
@@ -262,8 +262,8 @@ def test_a_trainer_with_other_lora_settings_is_refused(env, trained):
 def test_rlgw_up_starts_a_lora_model_in_its_recorded_mode_and_refuses_another(env, trained):
     import argparse
 
-    from rlgw.cli.lora import lora_argv, lora_mode
-    from rlgw.cli.output import CommandError
+    from rlgw_cli.lora import lora_argv, lora_mode
+    from rlgw_cli.output import CommandError
 
     def flags(rank=None) -> argparse.Namespace:
         return argparse.Namespace(lora_rank=rank, lora_alpha=None, lora_targets=None)
@@ -297,7 +297,7 @@ def test_two_trainer_processes_train_a_lora_version_that_passes_the_swap(env, tr
     home = str(env.settings.home)
     environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": home}
     done = subprocess.run(
-        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+        [sys.executable, "-m", "rlgw_cli", "train", "--model", MODEL_NAME]
         + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
         env=environment,
         capture_output=True,

@@ -186,7 +186,7 @@ def test_record_reward_train_and_a_verified_swap(
 
     from gateway.main import create_app
     from rlgw.db.engine import make_sync_engine, sync_session_factory
-    from rlgw.db.migrate import upgrade
+    from migrations.runner import upgrade
     from rlgw.registry import register_backend
     from trainer.config import TrainerConfig
     from trainer.service import OnlineTrainer

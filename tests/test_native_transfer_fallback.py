@@ -10,7 +10,7 @@ import pytest
 import torch
 from sqlalchemy import Engine, create_engine, text
 
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from trainer.parity import reference_scores
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan
 from trainer.vllm_control import ControlError, VllmControl

@@ -13,7 +13,7 @@ import torch
 from sqlalchemy import text
 
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.registry import store_model
 from rlgw.settings import Settings
 from trainer.errors import (

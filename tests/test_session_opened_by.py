@@ -13,7 +13,7 @@ from gateway.proxy.canary import Draw
 from gateway.proxy.session_binding import open_session
 from rlgw import agent_keys
 from rlgw.db.engine import async_session_factory, make_async_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 
 TENANT = "acme"
 

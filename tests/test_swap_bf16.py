@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.db.models import RegisteredModel
 from rlgw.ports import free_port
 from rlgw.registry import register_backend

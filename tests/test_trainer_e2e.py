@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from gateway.main import create_app
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
@@ -176,7 +176,7 @@ def run_trainer_process(env: Env, fault: str | None) -> subprocess.CompletedProc
         [
             sys.executable,
             "-m",
-            "rlgw.cli",
+            "rlgw_cli",
             "train",
             "--model",
             MODEL_NAME,
@@ -407,7 +407,7 @@ def train_one_version_in_two_processes(
     environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
     environment.pop(FAULT_ENV, None)
     return subprocess.run(
-        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+        [sys.executable, "-m", "rlgw_cli", "train", "--model", MODEL_NAME]
         + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
         env={**environment, **(extra_env or {})},
         capture_output=True,
@@ -453,7 +453,7 @@ def test_a_recorded_version_exports_as_a_checkpoint_that_serves_the_same(env, tm
     """`rlgw export-model`: the latest version, rebuilt from its base and files, is a checkpoint
     transformers loads with the served log-probs of that version, and vLLM serves it the same."""
     from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
-    from rlgw.cli import main as rlgw_main
+    from rlgw_cli import main as rlgw_main
     from rlgw.model_dir import inspect_model_dir
     from trainer.weights import load_reference_model
 

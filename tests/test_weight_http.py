@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from rlgw.backend_launcher import backend_command, stop_backend, wait_healthy
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.db.models import Backend
 from rlgw.registry import register_backend
 from rlgw.settings import Settings

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from gateway.main import create_app
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.db.models import Completion, RegisteredModel
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 from rlgw.registry import register_backend

@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 from vllm.distributed.weight_transfer.base import TrainerWeightTransferEngine
 from vllm.entrypoints.rl.online.api_router import router as vllm_rl_router
 
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from trainer.parity import ProbeScores
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
 from trainer.vllm_control import ControlError, VllmControl

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
-from rlgw.database import resolve_database_url
+from .database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.placement import Placement
 from rlgw.ports import free_port
 from rlgw.registry import register_backend

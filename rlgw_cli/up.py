@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 from rlgw.backend_launcher import AUTO, start_backend, stop_backend, wait_healthy
-from rlgw.database import resolve_database_url
+from .database import resolve_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 from rlgw.placement import Placement, pinned_argv
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
@@ -134,7 +134,7 @@ def start_trainer(
     with log_path.open("ab") as log:
         return subprocess.Popen(
             pinned_argv(
-                [sys.executable, "-m", "rlgw.cli", "train", "--model", model]
+                [sys.executable, "-m", "rlgw_cli", "train", "--model", model]
                 + placement_argv(placement)
                 + (extra or []),
                 placement.cpus("trainer"),

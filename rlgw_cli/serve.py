@@ -12,8 +12,8 @@ from typing import Any
 
 import uvicorn
 
-from rlgw.database import resolve_database_url
-from rlgw.db.migrate import upgrade
+from .database import resolve_database_url
+from migrations.runner import upgrade
 from rlgw.settings import Settings
 
 from .output import CommandError, info

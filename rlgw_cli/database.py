@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from rlgw.db.migrate import current_revision, head_revision, upgrade
+from migrations.runner import current_revision, head_revision, upgrade
 from rlgw.embedded_pg import start_embedded_postgres
 from rlgw.settings import Settings
 

@@ -8,8 +8,8 @@ import json
 from sqlalchemy import select
 
 from rlgw import agent_keys
-from rlgw.database import ready_database_url, resolve_database_url
-from rlgw.db import migrate
+from .database import ready_database_url, resolve_database_url
+from migrations import runner as migrate
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.models import AgentKey, RegisteredModel
 from rlgw.export import export_command, parse_since

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlgw.database import ready_database_url
+from .database import ready_database_url
 from rlgw.db.engine import make_sync_engine
 from rlgw.placement import Placement
 from rlgw.ports import free_port
@@ -94,7 +94,7 @@ def run_under_torchrun(args: argparse.Namespace) -> int:
         i = argv.index("--nproc")
         argv = argv[:i] + argv[i + 2 :]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    command += ["--master-port", str(free_port()), "-m", "rlgw.cli", *argv]
+    command += ["--master-port", str(free_port()), "-m", "rlgw_cli", *argv]
     info(f"[train] {nproc} processes: {' '.join(command[2:])}")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.run(command, env=env).returncode

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
-from rlgw.database import ready_database_url
+from .database import ready_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.models import Backend, PromotionGate, RegisteredModel
 from rlgw.governance import audit, retention, rollbacks

@@ -1,4 +1,4 @@
-"""Runs the Alembic migrations in migrations/ against a database URL, and tells how far a
+"""Runs the Alembic migrations in this folder against a database URL, and tells how far a
 database's schema is behind them."""
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
-import migrations
-
-MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
+MIGRATIONS_DIR = Path(__file__).resolve().parent
 
 
 def alembic_config(url: str) -> Config:

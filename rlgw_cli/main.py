@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from rlgw.database import SchemaOutOfDate
+from .database import SchemaOutOfDate
 from rlgw.db.faults import is_connection_error
 from rlgw.model_dir import ModelDirError
 
