@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "repeats": args.repeats,
         "delta_std": 0.02 * args.scale,
-        "worker_extension": args.worker_extension or "trainer.vllm_worker.WeightUpdateExtension",
+        "worker_extension": args.worker_extension or "rlgw_vllm.extension.WeightUpdateExtension",
         "parity_tolerance": PARITY_TOL,
         "rows": [row(r) for r in results],
         "results": results,

@@ -7,9 +7,8 @@ import json
 
 from sqlalchemy import select
 
-from rlgw import agent_keys
-from .database import ready_database_url, resolve_database_url
 from migrations import runner as migrate
+from rlgw import agent_keys
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.models import AgentKey, RegisteredModel
 from rlgw.export import export_command, parse_since
@@ -18,6 +17,7 @@ from rlgw.model_dir import inspect_model_dir
 from rlgw.registry import RegistrationError, register_backend
 from rlgw.settings import Settings
 
+from .database import ready_database_url, resolve_database_url
 from .output import CommandError, info
 
 

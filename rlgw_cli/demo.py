@@ -22,15 +22,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
-from .database import resolve_database_url
-from rlgw.db.engine import make_sync_engine, sync_session_factory
 from migrations.runner import upgrade
+from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
+from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.placement import Placement
 from rlgw.ports import free_port
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
 
+from .database import resolve_database_url
 from .output import info
 from .placement import add_placement_flags, placement_from
 from .serve import GatewayThread

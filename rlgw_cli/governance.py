@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
-from .database import ready_database_url
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.models import Backend, PromotionGate, RegisteredModel
 from rlgw.governance import audit, retention, rollbacks
 from rlgw.settings import Settings
 
+from .database import ready_database_url
 from .output import CommandError, info
 from .train import trainer_errors
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from .database import SchemaOutOfDate
 from rlgw.db.faults import is_connection_error
 from rlgw.model_dir import ModelDirError
 
 from . import admin, demo, governance, models, serve, train, up
+from .database import SchemaOutOfDate
 from .output import CommandError
 
 Handler = Callable[[argparse.Namespace], int]

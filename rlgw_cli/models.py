@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 from rlgw.backend_launcher import AUTO, run_backend_foreground
-from .database import ready_database_url
 from rlgw.db.engine import make_sync_engine
 from rlgw.model_dir import check_servable, inspect_model_dir
 from rlgw.settings import Settings
 
+from .database import ready_database_url
 from .output import CommandError, info
 from .train import trainer_errors
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import uvicorn
 
-from .database import resolve_database_url
 from migrations.runner import upgrade
 from rlgw.settings import Settings
 
+from .database import resolve_database_url
 from .output import CommandError, info
 
 

@@ -10,12 +10,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from .database import ready_database_url
 from rlgw.db.engine import make_sync_engine
 from rlgw.placement import Placement
 from rlgw.ports import free_port
 from rlgw.settings import Settings
 
+from .database import ready_database_url
 from .output import CommandError, info
 from .placement import add_placement_flags, placement_from
 

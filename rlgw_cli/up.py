@@ -8,14 +8,14 @@ import signal
 import subprocess
 import sys
 
-from rlgw.backend_launcher import AUTO, start_backend, stop_backend, wait_healthy
-from .database import resolve_database_url
-from rlgw.db.engine import make_sync_engine, sync_session_factory
 from migrations.runner import upgrade
+from rlgw.backend_launcher import AUTO, start_backend, stop_backend, wait_healthy
+from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.placement import Placement, pinned_argv
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
 
+from .database import resolve_database_url
 from .lora import add_lora_flags, lora_argv, lora_mode
 from .models import PRESETS, add_model_flags, preset_model, tool_parser_arg, user_model
 from .output import info

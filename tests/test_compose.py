@@ -140,7 +140,7 @@ def test_vllm_dev_mode_and_worker_extension(config: dict[str, Any]) -> None:
     argv = _argv(vllm.get("command"))
     assert "--worker-extension-cls" in argv, argv
     assert argv[argv.index("--worker-extension-cls") + 1] == (
-        "trainer.vllm_worker.WeightUpdateExtension"
+        "rlgw_vllm.extension.WeightUpdateExtension"
     )
     assert argv[argv.index("--served-model-name") + 1] == "policy"
     assert argv[argv.index("--dtype") + 1] == "bfloat16"

@@ -21,17 +21,18 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
 from gateway.main import create_app
-from rlgw.db.engine import make_sync_engine, sync_session_factory
 from migrations.runner import upgrade
+from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import register_backend
+from rlgw.test_hooks import COMMIT_DELAY_ENV, FAULT_ENV
 from trainer.config import TrainerConfig
 from trainer.distributed import TIMEOUT_ENV
 from trainer.errors import PushRefused
 from trainer.parity import reference_scores, served_scores
 from trainer.publish import Publisher
 from trainer.push import push
-from trainer.service import COMMIT_DELAY_ENV, FAULT_ENV, OnlineTrainer
+from trainer.service import OnlineTrainer
 from trainer.vllm_control import VllmControl
 from trainer.weights import apply_delta
 
@@ -453,8 +454,8 @@ def test_a_recorded_version_exports_as_a_checkpoint_that_serves_the_same(env, tm
     """`rlgw export-model`: the latest version, rebuilt from its base and files, is a checkpoint
     transformers loads with the served log-probs of that version, and vLLM serves it the same."""
     from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
-    from rlgw_cli import main as rlgw_main
     from rlgw.model_dir import inspect_model_dir
+    from rlgw_cli import main as rlgw_main
     from trainer.weights import load_reference_model
 
     drain_queue(env)

@@ -20,7 +20,7 @@ from .device import resolve_device
 from .samples import Sample
 
 DEFAULT_TIMEOUT_S = 60.0  # how long a collective waits for a missing rank before it raises
-TIMEOUT_ENV = "RLGW_DIST_TIMEOUT_S"
+TIMEOUT_ENV = "RLGW_DIST_TIMEOUT_S"  # Settings.dist_timeout_s, which the service passes in
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -36,10 +36,10 @@ def init_distributed(device: str = "auto", timeout_s: float | None = None) -> Di
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
     MASTER_PORT): nccl when this rank's device is a GPU, gloo otherwise. Without those variables
     this is one process and no group is made (every helper here then acts on one rank).
-    `timeout_s` bounds every collective of a step (default: $RLGW_DIST_TIMEOUT_S, else 60 s);
+    `timeout_s` bounds every collective of a step (the service passes $RLGW_DIST_TIMEOUT_S; 60 s);
     rank 0's announcements between steps wait longer (collectives.PATIENT_TIMEOUT_S)."""
     if timeout_s is None:
-        timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+        timeout_s = DEFAULT_TIMEOUT_S
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     where = resolve_device(device, local_rank)
     if not all(k in os.environ for k in TORCHRUN_ENV):

@@ -19,7 +19,6 @@ consents; and on a gated model the version it records is a candidate, judged by 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ import torch
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from rlgw import test_hooks
 from rlgw.db.models import AgentSession, Consumption
 from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
@@ -56,16 +56,6 @@ from .versions import head_version, lineage, materialize
 from .weight_update.files import DeltaFile, FullFile
 from .weight_update.lora import LoraAdapter
 from .weights import delta, state_dict
-
-FAULT_ENV = "RLGW_TRAINER_FAULT"  # test hook: "crash-before-commit" | "crash-after-commit"
-# Test hook: seconds rank 0 waits before it records a version (a big model's commit, alone).
-COMMIT_DELAY_ENV = "RLGW_TEST_COMMIT_DELAY_S"
-
-
-def _maybe_crash(point: str) -> None:
-    if os.environ.get(FAULT_ENV) == point:
-        print(f"[train] injected fault: {point}", flush=True)
-        os._exit(86)
 
 
 @dataclass
@@ -104,7 +94,7 @@ class OnlineTrainer:
         self.log = log
         self.placement = placement or Placement()
         torch.manual_seed(config.seed)
-        self.dist = init_distributed(config.device)
+        self.dist = init_distributed(config.device, settings.dist_timeout_s)
         self.rank0 = is_rank0()
         self.version, reference, base_path = 0, None, None
         if self.rank0:
@@ -284,8 +274,8 @@ class OnlineTrainer:
             returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
             metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
             metrics["train_s"] = time.perf_counter() - t0
-            _maybe_crash("crash-before-commit")
-            time.sleep(float(os.environ.get(COMMIT_DELAY_ENV, "0")))
+            test_hooks.crash_point("crash-before-commit")
+            test_hooks.commit_delay()
 
             anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights: no drift
             if self.policy.lora is not None:  # the whole adapter, saved from the reference
@@ -314,7 +304,7 @@ class OnlineTrainer:
                 return None
             metrics["bytes"] = published.update.nbytes
             self.policy.save_moments(moments, self.optimizer_path, published.version)
-            _maybe_crash("crash-after-commit")
+            test_hooks.crash_point("crash-after-commit")
 
             self.version = published.version
             self._remember_served()

@@ -11,7 +11,7 @@ peft's fixed names): no path from the request reaches the file system, so nothin
 trainer's disk can be read, with or without the token. The token reads version
 files and nothing else: it is not the admin key (settings refuse that) and it opens no control
 endpoint. Integrity is not the server's job: the backend checks each file's sha256 against the
-version's recorded checksum before it reads a tensor (`trainer/fetch.py`).
+version's recorded checksum before it reads a tensor (`rlgw_vllm/fetch.py`).
 """
 
 from __future__ import annotations

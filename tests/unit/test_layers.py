@@ -15,6 +15,7 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 PACKAGES = {
     "rlgw": "rlgw",
     "rlgw_cli": "rlgw_cli",
+    "rlgw_vllm": "rlgw_vllm",
     "gateway": "gateway",
     "trainer": "trainer",
     "migrations": "migrations",

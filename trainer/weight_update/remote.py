@@ -15,7 +15,7 @@ and otherwise download both (the weights checked against the version's recorded 
 config against the sha256 the publisher took when it offered the version) into a folder of the
 backend's own, then loads that folder with `/v1/load_lora_adapter`. Everything after the load
 is `LoraAdapter`'s. A downloaded folder is deleted once the server no longer lists its adapter
-and a newer one has arrived (`trainer/fetch.py`, `fetch_adapter`).
+and a newer one has arrived (`rlgw_vllm/fetch.py`, `fetch_adapter`).
 """
 
 from __future__ import annotations

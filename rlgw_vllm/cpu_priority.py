@@ -8,7 +8,9 @@ import sys
 import threading
 from collections.abc import Iterator
 
-STAGE_NICE_ENV = "RLGW_STAGE_NICE"  # nice value of a backend's background work (default 19; 0: off)
+from .settings import STAGE_NICE_ENV, WorkerSettings
+
+__all__ = ["STAGE_NICE_ENV", "quick_gil_handoff", "yield_cpu_to_serving"]
 
 
 def yield_cpu_to_serving() -> int | None:
@@ -18,7 +20,7 @@ def yield_cpu_to_serving() -> int | None:
     On Linux nice is per thread, and the OpenMP workers that this thread's tensor operations start
     inherit it; the engine loop's thread and its workers keep theirs. The value set (None where
     the platform cannot)."""
-    nice = int(os.environ.get(STAGE_NICE_ENV, "19"))
+    nice = WorkerSettings().stage_nice
     if nice <= 0 or not hasattr(os, "setpriority"):
         return None
     try:
@@ -28,7 +30,6 @@ def yield_cpu_to_serving() -> int | None:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
-GIL_SWITCH_ENV = "RLGW_STAGE_SWITCH_INTERVAL_S"  # the GIL hand-off interval while a stage runs
 _switch_lock = threading.Lock()
 _switch_users = 0
 _switch_saved = 0.0
@@ -41,7 +42,7 @@ def quick_gil_handoff() -> Iterator[None]:
     forward pass (hundreds per step), and each time the stage's thread holds it, the loop waits
     up to one interval. Process-wide; the previous interval is restored when the last user ends."""
     global _switch_users, _switch_saved
-    interval = float(os.environ.get(GIL_SWITCH_ENV, "0.001"))
+    interval = WorkerSettings().stage_switch_interval_s
     with _switch_lock:
         if _switch_users == 0:
             _switch_saved = sys.getswitchinterval()

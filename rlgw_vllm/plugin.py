@@ -11,14 +11,13 @@ not launch.
 from __future__ import annotations
 
 import functools
-import os
 
-ENV_FLAG = "RLGW_VLLM_KEEP_WEIGHTS"
+from .settings import WorkerSettings
 
 
 def register() -> None:
     """Entry point of the `vllm.general_plugins` group; safe to call more than once."""
-    if os.environ.get(ENV_FLAG) != "1":
+    if WorkerSettings().vllm_keep_weights != "1":
         return
     from vllm.model_executor.layers import utils
 

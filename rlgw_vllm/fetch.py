@@ -1,6 +1,6 @@
 """A backend's side of weights over HTTP: download a version file, resumably, and verify it.
 
-Runs inside the vLLM worker (`rlgw_stage_url` in `trainer/vllm_worker.py`), outside the pause,
+Runs inside the vLLM worker (`rlgw_stage_url` in `rlgw_vllm/delivery.py`), outside the pause,
 in a thread of its own (`BackgroundFetch`), so the server keeps serving while the file arrives.
 The file lands in `<dir>/<sha256>.part` and is hashed as it arrives; a download cut off (a
 dropped connection, a stage that timed out, a restarted worker) leaves the part, and the next
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import os
 import re
 import shutil
 import threading
@@ -33,7 +32,8 @@ from pathlib import Path
 
 import httpx
 
-from trainer.cpu_priority import yield_cpu_to_serving
+from .cpu_priority import yield_cpu_to_serving
+from .settings import WorkerSettings
 
 ATTEMPTS = 4  # connections per download: a cut one is resumed from where it stopped
 CONNECT_TIMEOUT_S = 10.0
@@ -61,8 +61,7 @@ class Fetched:
 
 def download_dir() -> Path:
     """Where a backend keeps downloads: <its RLGW_HOME>/downloads (default ~/.rlgw)."""
-    home = os.environ.get("RLGW_HOME") or str(Path.home() / ".rlgw")
-    return Path(home) / "downloads"
+    return WorkerSettings().home / "downloads"
 
 
 def file_digest(path: Path) -> str:
