@@ -67,7 +67,7 @@ class DemoRun:
     """One demo run: its backend, gateway, trainer, agents and evaluator."""
 
     def __init__(self, settings: Settings, options: DemoOptions) -> None:
-        from trainer import demo_task
+        from trainer.models import demo_task
 
         self.settings, self.options, self.task = settings, options, demo_task
         mode = options.placement.kind
@@ -81,7 +81,7 @@ class DemoRun:
     # ------------------------------------------------------------------ setup
     def model_dir(self) -> Path:
         """The warm-started policy for this seed (created once, then reused)."""
-        from trainer.warm_start import init_demo_model
+        from trainer.models.warm_start import init_demo_model
 
         path = self.settings.home / "models" / f"demo-seed{self.options.seed}"
         if not (path / "rlgw_model.json").exists() or not (path / "config.json").exists():
@@ -161,7 +161,7 @@ class DemoRun:
     def run(self) -> dict:
         from gateway.main import create_app
         from trainer.config import TrainerConfig
-        from trainer.service import OnlineTrainer
+        from trainer.loop.service import OnlineTrainer
 
         o = self.options
         url = resolve_database_url(self.settings)

@@ -130,9 +130,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from trainer.publish import Publisher
-    from trainer.push import print_reports
-    from trainer.rollback import carry_out
+    from trainer.publishing.publish import Publisher
+    from trainer.publishing.push import print_reports
+    from trainer.publishing.rollback import carry_out
 
     settings = Settings()
     engine = make_sync_engine(ready_database_url(settings))

@@ -37,7 +37,8 @@ def lora_mode(database_url: str, model: str, args: argparse.Namespace) -> LoraSp
     versions record (a model without flags keeps its own); a disagreement is a usage error."""
     from trainer.config import TrainerConfig  # here for start-up time: the trainer imports torch
     from trainer.errors import LoraMismatch
-    from trainer.lora import settle_mode, spec_of
+    from trainer.models.lora import spec_of
+    from trainer.publishing.versions import settle_mode
 
     targets = tuple(args.lora_targets.split(",")) if args.lora_targets else None
     try:

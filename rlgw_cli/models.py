@@ -29,7 +29,7 @@ def user_model(model_dir: str, name: str | None) -> tuple[Path, str]:
 
 def preset_model(settings: Settings, preset: str, seed: int) -> tuple[Path, str]:
     """A local random model of a preset under RLGW_HOME, created on first use."""
-    from trainer.init_model import create_model  # here for start-up time: it imports torch
+    from trainer.models.init_model import create_model  # here for start-up time: it imports torch
 
     name = f"{preset}-seed{seed}"
     model_dir = settings.home / "models" / name
@@ -60,7 +60,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
-    from trainer.init_model import create_model
+    from trainer.models.init_model import create_model
 
     try:
         create_model(
@@ -93,7 +93,9 @@ def cmd_backend(args: argparse.Namespace) -> int:
 
 
 def cmd_export_model(args: argparse.Namespace) -> int:
-    from trainer.export_model import export_model  # here for start-up time: it imports torch
+    from trainer.publishing.export_model import (
+        export_model,  # here for start-up time: it imports torch
+    )
 
     engine = make_sync_engine(ready_database_url(Settings()))
     try:

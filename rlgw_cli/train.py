@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     placement = placement_from(args)
     pin_trainer(placement)  # before the heavy imports start threads
     from trainer.config import TrainerConfig
-    from trainer.service import OnlineTrainer
+    from trainer.loop.service import OnlineTrainer
 
     settings = Settings()
     given = {k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None}
@@ -106,7 +106,7 @@ def trainer_errors() -> Iterator[None]:
     weights, a version that does not exist or a push past a promotion gate are usage errors
     (exit 2), the rest exit 1."""
     from trainer.errors import BadUpdate, GatedModel, LoraMismatch, TrainerError, UnknownModel
-    from trainer.export_model import ExportError
+    from trainer.publishing.export_model import ExportError
 
     try:
         yield
@@ -127,7 +127,7 @@ def pin_trainer(placement: Placement) -> None:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from trainer.push import push
+    from trainer.publishing.push import push
 
     settings = Settings()
     with trainer_errors():

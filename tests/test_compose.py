@@ -213,10 +213,10 @@ def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
 
 
 def test_the_trainer_and_vllm_agree_on_where_versions_live(config: dict[str, Any]) -> None:
-    """The trainer writes version files under its RLGW_HOME (trainer/versions.py) and the
+    """The trainer writes version files under its RLGW_HOME (trainer/publishing/versions.py) and the
     backend reads them at the path it is told: both must mount one volume at that directory."""
     from rlgw.settings import Settings
-    from trainer.versions import version_file
+    from trainer.publishing.versions import version_file
 
     services = config["services"]
     trainer, vllm = services["trainer"], services["vllm"]

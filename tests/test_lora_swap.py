@@ -22,18 +22,18 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from gateway.main import create_app
-from rlgw.db.engine import make_sync_engine, sync_session_factory
 from migrations.runner import upgrade
+from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.models import Backend, PolicyVersion, RegisteredModel
 from rlgw.registry import register_backend
+from trainer.backends.parity import reference_scores, served_scores
 from trainer.config import TrainerConfig
-from trainer.export_model import export_model
-from trainer.parity import reference_scores, served_scores
-from trainer.publish import Publisher
-from trainer.service import OnlineTrainer
+from trainer.loop.service import OnlineTrainer
+from trainer.models.weights import load_reference_model
+from trainer.publishing.export_model import export_model
+from trainer.publishing.publish import Publisher
 from trainer.swap.coordinator import SwapPlan
 from trainer.weight_update.lora import LoraAdapter
-from trainer.weights import load_reference_model
 
 from conftest import (
     ADMIN_KEY,
@@ -277,8 +277,8 @@ def test_rlgw_up_starts_a_lora_model_in_its_recorded_mode_and_refuses_another(en
 
 def test_rlgw_push_refuses_a_lora_model(env, trained, tmp_path):
     from trainer.errors import BadUpdate
-    from trainer.push import push
-    from trainer.weights import write_update
+    from trainer.models.weights import write_update
+    from trainer.publishing.push import push
 
     path = tmp_path / "delta.safetensors"
     write_update({"model.norm.weight": torch.zeros(64)}, path)

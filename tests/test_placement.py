@@ -20,14 +20,14 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from gateway.main import create_app
+from migrations.runner import upgrade
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from migrations.runner import upgrade
 from rlgw.db.models import Backend, Consumption
 from rlgw.placement import Placement
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
-from trainer.service import OnlineTrainer
+from trainer.loop.service import OnlineTrainer
 from trainer.swap.hold import HOLD_REASON
 
 from conftest import ADMIN_KEY, MODEL_NAME, LiveServer, free_port, gateway_settings

@@ -26,15 +26,15 @@ from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import register_backend
 from rlgw.test_hooks import COMMIT_DELAY_ENV, FAULT_ENV
+from trainer.backends.parity import reference_scores, served_scores
+from trainer.backends.vllm_control import VllmControl
 from trainer.config import TrainerConfig
-from trainer.distributed import TIMEOUT_ENV
 from trainer.errors import PushRefused
-from trainer.parity import reference_scores, served_scores
-from trainer.publish import Publisher
-from trainer.push import push
-from trainer.service import OnlineTrainer
-from trainer.vllm_control import VllmControl
-from trainer.weights import apply_delta
+from trainer.loop.distributed import TIMEOUT_ENV
+from trainer.loop.service import OnlineTrainer
+from trainer.models.weights import apply_delta
+from trainer.publishing.publish import Publisher
+from trainer.publishing.push import push
 
 from conftest import (
     MODEL_NAME,
@@ -456,7 +456,7 @@ def test_a_recorded_version_exports_as_a_checkpoint_that_serves_the_same(env, tm
     from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
     from rlgw.model_dir import inspect_model_dir
     from rlgw_cli import main as rlgw_main
-    from trainer.weights import load_reference_model
+    from trainer.models.weights import load_reference_model
 
     drain_queue(env)
     env.episode(1.0)

@@ -28,9 +28,9 @@ from rlgw_vllm.fetch import (
     fetch_adapter,
     fetch_verified,
 )
-from trainer.publish import Publisher
-from trainer.version_files import VersionFileServer, version_files_token, version_url
-from trainer.versions import file_sha256, version_file
+from trainer.publishing.publish import Publisher
+from trainer.publishing.version_files import VersionFileServer, version_files_token, version_url
+from trainer.publishing.versions import file_sha256, version_file
 from trainer.weight_update.files import DeltaFile
 from trainer.weight_update.lora import CONFIG_FILE, WEIGHTS_FILE, LoraAdapter
 from trainer.weight_update.remote import RemoteDelta, RemoteLora

@@ -24,12 +24,12 @@ from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
 from rlgw.test_hooks import STAGE_GATE_ENV
-from trainer.parity import ProbeScores, reference_scores, served_scores
-from trainer.push import PushError, push
+from trainer.backends.parity import ProbeScores, reference_scores, served_scores
+from trainer.backends.vllm_control import VllmControl
+from trainer.models.weights import write_update
+from trainer.publishing.push import PushError, push
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
-from trainer.vllm_control import VllmControl
 from trainer.weight_update.files import DeltaFile
-from trainer.weights import write_update
 
 from conftest import (
     ADMIN_KEY,

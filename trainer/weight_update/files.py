@@ -11,8 +11,8 @@ from typing import Any, Self
 import torch
 
 from rlgw.weight_files import validate_update
-from trainer.vllm_control import VllmControl
-from trainer.weights import apply_delta, load_full, read_update, write_update
+from trainer.backends.vllm_control import VllmControl
+from trainer.models.weights import apply_delta, load_full, read_update, write_update
 
 from .base import Staged, WeightUpdate
 

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlgw.adapters import served_name
-from trainer.vllm_control import ControlError, VllmControl
+from trainer.backends.vllm_control import ControlError, VllmControl
 
 from .base import Staged, WeightUpdate
 

@@ -35,7 +35,7 @@ from typing import ClassVar
 import torch
 
 from rlgw.weight_files import validate_update
-from trainer.vllm_control import ControlError, VllmControl
+from trainer.backends.vllm_control import ControlError, VllmControl
 
 from .base import Staged, WeightsUnknown, WeightUpdate
 from .packing import buckets, metadata, wire_tensors

@@ -2,10 +2,10 @@
 
 Only `stage` differs from the file updates: the worker (`rlgw_stage_url`) reads the file from
 the trainer's path when it is on its host with the version's sha256, and otherwise downloads it
-from the trainer's version-file server (`trainer/version_files.py`) with a bearer token scoped
-to version files, resuming a cut-off download, and checks the sha256 before it reads a tensor.
-The download runs in a thread of the worker while the trainer polls, so the server keeps serving
-during it and no control call waits for the network. Apply, commit and rollback are the file
+from the trainer's version-file server (`trainer/publishing/version_files.py`) with a bearer token
+scoped to version files, resuming a cut-off download, and checks the sha256 before it reads a
+tensor. The download runs in a thread of the worker while the trainer polls, so the server keeps
+serving during it and no control call waits for the network. Apply, commit and rollback are the file
 ones (the staged weights are in the worker's memory by then), so the network time is in the
 stage, outside the pause.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.vllm_control import ControlError, VllmControl
+from trainer.backends.vllm_control import ControlError, VllmControl
 
 from .base import Staged
 from .files import DeltaFile, FileUpdate, FullFile, wait_for_stage

@@ -14,8 +14,8 @@ from sqlalchemy.orm import sessionmaker
 
 from rlgw.db.models import RegisteredModel
 
-from .errors import TrainerError, UnknownModel, database_errors
-from .lora import merged
+from ..errors import TrainerError, UnknownModel, database_errors
+from ..models.lora import merged
 from .versions import latest_version, materialize
 
 # Everything of the base directory that is not weights: tokenizer, templates, generation config.

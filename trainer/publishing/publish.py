@@ -33,9 +33,16 @@ from rlgw.db.models import Backend, PolicyVersion, PromotionGate, RegisteredMode
 from rlgw.governance.version_status import CANDIDATE, PROMOTED
 from rlgw.settings import Settings
 
-from .errors import UnknownModel, VersionConflict, VersionFilesUnavailable
-from .parity import ProbeScores, reference_scores
-from .swap.coordinator import CONTROL_TIMEOUT_S, SwapCoordinator, SwapPlan, SwapReport
+from ..backends.parity import ProbeScores, reference_scores
+from ..errors import UnknownModel, VersionConflict, VersionFilesUnavailable
+from ..models.weights import state_dict
+from ..swap.coordinator import CONTROL_TIMEOUT_S, SwapCoordinator, SwapPlan, SwapReport
+from ..weight_update.base import WeightUpdate
+from ..weight_update.files import FullFile
+from ..weight_update.lora import CONFIG_FILE, LoraAdapter
+from ..weight_update.native_offer import native_offer
+from ..weight_update.remote import RemoteLora, ServedFile, VersionSource, remote
+from ..weight_update.stored import stored_update
 from .version_files import VersionFileServer, file_kind, version_files_token, version_url
 from .versions import (
     BASE_KIND,
@@ -45,13 +52,6 @@ from .versions import (
     materialize,
     version_file,
 )
-from .weight_update.base import WeightUpdate
-from .weight_update.files import FullFile
-from .weight_update.lora import CONFIG_FILE, LoraAdapter
-from .weight_update.native_offer import native_offer
-from .weight_update.remote import RemoteLora, ServedFile, VersionSource, remote
-from .weight_update.stored import stored_update
-from .weights import state_dict
 
 
 @dataclass(frozen=True)

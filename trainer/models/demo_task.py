@@ -12,9 +12,9 @@ otherwise in TRAIN_SPLIT. The warm start and the online RL only ever draw TRAIN_
 a held-out prompt is never trained on, whatever the seeds.
 
 Why this task (measured with the tiny preset, 2 layers / 2 heads, on CPU; see the report in
-trainer/warm_start.py): copying is the one candidate the tiny model learns in a short supervised
-run (~130 steps of 128 examples). Reversing 3-4 letters, shifting each letter to the next one,
-and 8-letter alphabets stayed at the unigram plateau for 300-1000 steps; "count from K by 2"
+trainer/models/warm_start.py): copying is the one candidate the tiny model learns in a short
+supervised run (~130 steps of 128 examples). Reversing 3-4 letters, shifting each letter to the next
+one, and 8-letter alphabets stayed at the unigram plateau for 300-1000 steps; "count from K by 2"
 (KMOQ) was learned gradually but online RL made it worse. Online RL does not reliably finish a
 circuit the warm start left half-built (from half-trained copy policies 3 of 8 runs reached +0.3
 in 150 updates, some got worse); it sharpens one that is there, which is what the

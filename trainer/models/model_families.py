@@ -77,7 +77,7 @@ LLAMA3_CHAT_TEMPLATE = r"""{%- macro text(content) -%}
 class Family:
     name: str
     architecture: str  # the transformers class, also what vLLM dispatches on
-    split: str  # the BPE pre-tokenizer: 'qwen' | 'llama3' (trainer/bpe_tokenizer.py)
+    split: str  # the BPE pre-tokenizer: 'qwen' | 'llama3' (trainer/models/bpe_tokenizer.py)
     special_tokens: tuple[str, ...]
     bos: str | None
     eos: str  # ends an assistant turn

@@ -122,8 +122,8 @@ def broadcast_trainable(model: torch.nn.Module) -> None:
 
 
 def gather_full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter whole, by HF name, tied weights once (as trainer.weights.state_dict), on
-    the CPU of rank 0; {} on the other ranks. A collective: every rank must call it."""
+    """Every parameter whole, by HF name, tied weights once (as trainer.models.weights.state_dict),
+    on the CPU of rank 0; {} on the other ranks. A collective: every rank must call it."""
     out: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():  # named_parameters yields a tied weight once
         full = param.full_tensor() if hasattr(param, "full_tensor") else param
@@ -151,7 +151,7 @@ def load_full_state(model: torch.nn.Module, state: dict[str, torch.Tensor] | Non
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer's whole state (moments unsharded, on the CPU, keyed by parameter name) on
-    rank 0, for trainer.optimizer_state to save; {} elsewhere. A collective."""
+    rank 0, for trainer.loop.optimizer_state to save; {} elsewhere. A collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -1,5 +1,6 @@
 """Rolling a model back to an earlier version: every backend gets that version's full weights
-(rebuilt by trainer/versions.py) through the verified swap, and training continues from it.
+(rebuilt by trainer/publishing/versions.py) through the verified swap, and training continues from
+it.
 
 Carried out for a request in the audit log (rlgw/governance/rollbacks.py), made by
 `rlgw rollback` (which carries it out at once) or `POST /admin/models/{name}/rollback` (carried
@@ -24,8 +25,8 @@ from rlgw.db.models import AuditEvent, PolicyVersion, RegisteredModel
 from rlgw.governance import rollbacks
 from rlgw.governance.version_status import PROMOTED, REJECTED, ROLLED_BACK
 
+from ..swap.coordinator import SwapReport
 from .publish import Publisher
-from .swap.coordinator import SwapReport
 from .versions import lineage, materialize
 
 

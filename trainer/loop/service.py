@@ -6,8 +6,9 @@ the ledger, so an update either happened completely or not at all. A crash befor
 sessions claimed by a dead instance: the next trainer releases and re-trains them (from the last
 recorded version's weights). A crash after it leaves backends behind: the next trainer brings them
 to the current version with full weights before training. Versions are recorded and pushed by the
-publisher that `rlgw push` uses too (`trainer/publish.py`); a version published by someone else
-while this trainer trained makes its commit a VersionConflict: the sessions go back to the queue.
+publisher that `rlgw push` uses too (`trainer/publishing/publish.py`); a version published by
+someone else while this trainer trained makes its commit a VersionConflict: the sessions go back to
+the queue.
 
 Governance (docs/governance.md): before each update the trainer carries out the rollbacks asked
 for over the admin API and follows a moved head (a rollback, a rejected candidate) with that
@@ -35,27 +36,27 @@ from rlgw.placement import Placement
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
 
+from ..backends.parity import reference_scores
+from ..config import TrainerConfig
+from ..errors import VersionConflict, database_errors
+from ..gate.governor import Governor
+from ..models.lora import with_adapter
+from ..models.weights import delta, state_dict
+from ..publishing.publish import Publisher, swap_metrics
+from ..publishing.versions import head_version, lineage, materialize, settle_mode
+from ..swap.coordinator import SwapReport
+from ..swap.hold import GenerationHold, NoHold
+from ..weight_update.files import DeltaFile, FullFile
+from ..weight_update.lora import LoraAdapter
 from . import collectives
 from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclaim
-from .config import TrainerConfig
 from .device import slow_bf16_warning
 from .distributed import init_distributed, is_rank0
-from .errors import VersionConflict, database_errors
-from .gate.governor import Governor
-from .lora import settle_mode, with_adapter
 from .optimizer_state import state_path
-from .parity import reference_scores
 from .policy import Policy
-from .publish import Publisher, swap_metrics
 from .samples import build_samples
-from .swap.coordinator import SwapReport
-from .swap.hold import GenerationHold, NoHold
 from .tracking import RunLog, rejected_outputs, version_scalars
 from .update import UpdateOutOfMemory
-from .versions import head_version, lineage, materialize
-from .weight_update.files import DeltaFile, FullFile
-from .weight_update.lora import LoraAdapter
-from .weights import delta, state_dict
 
 
 @dataclass

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import TrainerConfig
 from . import collectives
-from .config import TrainerConfig
 from .device import autocast, check_placement
 from .distributed import is_distributed_model
 from .loss import METRICS, decoupled_ppo_loss, token_logprobs
@@ -70,16 +70,16 @@ def policy_update(
 ) -> dict[str, float]:
     """Optimise on `samples`; returns token-weighted metrics over the minibatches (all ranks).
 
-    Under torch.distributed the model must be sharded with `trainer.distributed.shard_model` (or,
-    a LoRA model, replicated with `replicate_model`) and
+    Under torch.distributed the model must be sharded with `trainer.loop.distributed.shard_model`
+    (or, a LoRA model, replicated with `replicate_model`) and
     every rank passes the same samples (`broadcast_samples`); the update then equals the
     single-process one. Raises UpdateOutOfMemory, naming the settings to lower, on a device OOM.
     """
     device = check_placement(model, config)
     if collectives.world_size() > 1 and not is_distributed_model(model):
         raise ValueError(
-            "under torch.distributed, call trainer.distributed.shard_model (or replicate_model "
-            "for LoRA) first"
+            "under torch.distributed, call trainer.loop.distributed.shard_model (or "
+            "replicate_model for LoRA) first"
         )
     steps: list[int] = []  # one entry per optimizer step taken
     failure = None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-# A rejection reason's kind: the first prefix it starts with (trainer/samples.py's wording).
+# A rejection reason's kind: the first prefix it starts with (trainer/loop/samples.py's wording).
 REJECTION_KINDS: tuple[tuple[str, str], ...] = (
     ("stale:", "stale"),
     ("not eligible", "not_eligible"),

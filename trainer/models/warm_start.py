@@ -1,4 +1,4 @@
-"""Supervised warm start for the `rlgw demo` policy (trainer/demo_task.py), trained in place.
+"""Supervised warm start for the `rlgw demo` policy (trainer/models/demo_task.py), trained in place.
 
 `warm_start(model_dir, seed=...)` loads the checkpoint written by `create_model`, trains it
 (fp32, AdamW) on TRAIN-split examples rendered with the model's own chat template, with the loss
@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer import demo_task
-from trainer.demo_task import HELD_OUT_SPLIT, TRAIN_SPLIT, Prompt
+from trainer.models import demo_task
+from trainer.models.demo_task import HELD_OUT_SPLIT, TRAIN_SPLIT, Prompt
 
 # The recipe `rlgw init-model --preset demo` uses: a `preset` model from `create_model`, then
 # warm_start(**{k: v for k, v in WARM_START.items() if k != "preset"}).
@@ -111,7 +111,7 @@ def restart_init_seed(seed: int, attempt: int) -> int:
 
 def _reinitialise(model, init_seed: int) -> None:
     """Redraw the weights exactly as create_model would for `init_seed`."""
-    from trainer.byte_model import ModelShape, build_model
+    from trainer.models.byte_model import ModelShape, build_model
 
     cfg = model.config
     shape = ModelShape(
@@ -300,7 +300,7 @@ def _train(
 def _save_in_place(model, model_dir: Path, summary: dict[str, Any]) -> None:
     """save_pretrained into a scratch folder, then move the weights and config over the old ones
     (the tokenizer files stay), and record the new fingerprint in rlgw_model.json."""
-    from trainer.init_model import model_fingerprint
+    from trainer.models.init_model import model_fingerprint
 
     scratch = model_dir / ".warm_start.tmp"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -333,7 +333,7 @@ def init_demo_model(
     out_dir: Path | str, *, seed: int = 0, overwrite: bool = False, **overrides: Any
 ) -> dict[str, Any]:
     """create_model(out_dir, WARM_START['preset'], seed) and warm-start it with the recipe."""
-    from trainer.init_model import create_model
+    from trainer.models.init_model import create_model
 
     recipe = {**WARM_START, **overrides}
     create_model(out_dir, recipe.pop("preset"), seed, overwrite=overwrite)

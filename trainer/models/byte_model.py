@@ -1,6 +1,6 @@
 """The project's byte-level Qwen2 model: its tokenizer (256 byte symbols and ChatML's special
 tokens), its chat template (ChatML with Hermes-style tools), its shapes (presets) and a
-deterministic random initialisation shared by every family (trainer/model_families.py)."""
+deterministic random initialisation shared by every family (trainer/models/model_families.py)."""
 
 from __future__ import annotations
 

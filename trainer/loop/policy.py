@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
+from ..config import TrainerConfig
+from ..models.lora import adapter_state, copy_adapter, spec_of, with_adapter
+from ..models.weights import load_full, load_reference_model, state_dict
 from . import collectives
-from .config import TrainerConfig
 from .device import prepare_model
 from .distributed import (
     DistContext,
@@ -35,11 +37,9 @@ from .distributed import (
     shard_model,
     unwrap,
 )
-from .lora import adapter_state, copy_adapter, spec_of, with_adapter
 from .optimizer_state import NAME, load_state, restore_optimizer, save_optimizer, save_state
 from .samples import Sample
 from .update import policy_update
-from .weights import load_full, load_reference_model, state_dict
 
 
 class Policy:

@@ -1,5 +1,6 @@
 """LoRA on the trainer's side (peft): wrap a model with the adapter being trained, read a stored
-adapter back onto its base, merge one into full weights, and settle a model's training mode.
+adapter back onto its base, and merge one into full weights. (A model's training mode is settled
+with its versions: `settle_mode` in trainer/publishing/versions.py.)
 
 The base weights stay frozen (version 0's, on every backend); only the adapter's A and B
 matrices are trained, and each version stores the whole adapter (not a difference), so any
@@ -8,18 +9,13 @@ version is its base plus one adapter folder.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
-from sqlalchemy.orm import Session
 
 from rlgw.adapters import LoraSpec
-from rlgw.db.models import RegisteredModel
 
-from .config import TrainerConfig
-from .errors import LoraMismatch
-from .versions import latest_version
+from ..config import TrainerConfig
 
 
 def is_adapted(model: torch.nn.Module) -> bool:
@@ -76,33 +72,3 @@ def spec_of(config: TrainerConfig) -> LoraSpec | None:
         return None
     targets = tuple(config.lora_targets) if config.lora_targets else None
     return LoraSpec(config.lora_rank, config.lora_alpha or 2.0 * config.lora_rank, targets)
-
-
-def settle_mode(db: Session, model: RegisteredModel, config: TrainerConfig) -> TrainerConfig:
-    """The config to train `model` with, agreed with the mode it records (`models.lora`, in the
-    caller's transaction): a model without trained versions takes the trainer's mode; one with
-    them keeps its own (a trainer without LoRA flags adopts its adapter settings; other flags
-    are a LoraMismatch). A model's mode never changes once it has trained versions: a
-    full-weight version and an adapter cannot be stacked on the same backend."""
-    row = db.get(RegisteredModel, model.id, with_for_update=True)
-    recorded = LoraSpec.from_json(row.lora)
-    wanted = spec_of(config)
-    trained = latest_version(db, model.id) > 0
-    if recorded == wanted:
-        return config
-    if not trained:
-        row.lora = wanted.as_json() if wanted else None
-        model.lora = row.lora
-        return config
-    if recorded is not None and wanted is None:
-        return dataclasses.replace(
-            config,
-            lora_rank=recorded.rank,
-            lora_alpha=recorded.alpha,
-            lora_targets=recorded.targets,
-        )
-    have = f"LoRA rank {recorded.rank}, alpha {recorded.alpha:g}" if recorded else "full weights"
-    raise LoraMismatch(
-        f"{model.name} has trained versions made with {have}; train it with the same settings "
-        "(or register the checkpoint as a new model)"
-    )

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from rlgw.settings import Settings
 
+from ..weight_update.lora import CONFIG_FILE, WEIGHTS_FILE
 from .versions import version_file
-from .weight_update.lora import CONFIG_FILE, WEIGHTS_FILE
 
 FILE_KINDS = ("delta", "full", "anchor")  # a version's one safetensors file
 LORA_FILES = {"lora-config": CONFIG_FILE, "lora-weights": WEIGHTS_FILE}  # in its "lora" folder

@@ -1,7 +1,7 @@
 """Create a small, randomly initialised model: by default Qwen2 with a byte-level tokenizer.
 
 `create_model(..., family="qwen3" | "llama", tokenizer="bpe")` builds the other families with a
-BPE tokenizer trained locally (trainer/model_families.py); `dtype="bfloat16"` and
+BPE tokenizer trained locally (trainer/models/model_families.py); `dtype="bfloat16"` and
 `max_shard_size` write the checkpoint in bf16 and in shards, as hub checkpoints come.
 """
 

@@ -11,12 +11,12 @@ from safetensors.torch import load_file
 from rlgw.db.engine import make_sync_engine
 from rlgw.settings import Settings
 
-from .errors import BadUpdate, GatedModel, PushError, PushRefused, database_errors
-from .parity import reference_scores
+from ..backends.parity import reference_scores
+from ..errors import BadUpdate, GatedModel, PushError, PushRefused, database_errors
+from ..models.weights import state_dict
+from ..swap.coordinator import CONTROL_TIMEOUT_S, SwapReport
+from ..weight_update.files import DeltaFile, FileUpdate, FullFile
 from .publish import Publisher, swap_metrics
-from .swap.coordinator import CONTROL_TIMEOUT_S, SwapReport
-from .weight_update.files import DeltaFile, FileUpdate, FullFile
-from .weights import state_dict
 
 __all__ = ["PushError", "push"]  # the CLI catches trainer.errors.TrainerError
 

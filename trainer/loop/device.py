@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from .config import TrainerConfig
+from ..config import TrainerConfig
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -89,6 +89,6 @@ def check_placement(model: torch.nn.Module, config: TrainerConfig) -> torch.devi
     if have.type != want.type:
         raise ValueError(
             f"the model is on {have} but device={config.device!r} resolves to {want}: call "
-            "trainer.device.prepare_model(model, config) before creating the optimizer"
+            "trainer.loop.device.prepare_model(model, config) before creating the optimizer"
         )
     return have

@@ -2,7 +2,7 @@
 
 Imports torch and the pure `rlgw.siblings` only: the trajectory's pydantic schema (and the
 database loader beside it) is a type here, so the update path runs where only torch is installed
-(`trainer/records.py` reads the same trajectories from their exported JSON).
+(`trainer/loop/records.py` reads the same trajectories from their exported JSON).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from rlgw.siblings import sibling_advantages
 
-from .config import TrainerConfig
+from ..config import TrainerConfig
 
 if TYPE_CHECKING:
     from rlgw.trajectory import Step, Trajectory
