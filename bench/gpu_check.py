@@ -4,7 +4,7 @@ For the GPU box we borrow now and then (torch, transformers, peft; no vLLM, no P
 network): Qwen2-shaped models of 0.5B and 1.5B (Qwen2.5's shapes and 151,936-token vocabulary,
 randomly initialised), full weights in fp32 and bf16 (autocast over fp32 master weights), LoRA
 rank 8 and 64 through peft, activation checkpointing, and FSDP2 over nccl with world size 1.
-Each configuration runs `trainer.update.policy_update` on samples built by `build_samples` from
+Each configuration runs `trainer.loop.update.policy_update` on samples built by `build_samples` from
 recorded-format trajectories (the export JSON), micro-batched, for a fixed number of steps after
 one warm-up step, then writes that version's update (a delta safetensors file, or a LoRA adapter
 folder) and times it.
@@ -43,15 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.weight_transfer_check import transfer_check  # noqa: E402
 from rlgw.ports import free_port  # noqa: E402
-from trainer import distributed  # noqa: E402
-from trainer.byte_model import ModelShape  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.device import prepare_model  # noqa: E402
-from trainer.model_families import FAMILIES, build_config, build_model  # noqa: E402
-from trainer.records import trajectory_from_export  # noqa: E402
-from trainer.samples import build_samples  # noqa: E402
-from trainer.update import plan_update, policy_update  # noqa: E402
-from trainer.weights import delta, state_dict, write_update  # noqa: E402
+from trainer.loop import distributed  # noqa: E402
+from trainer.loop.device import prepare_model  # noqa: E402
+from trainer.loop.records import trajectory_from_export  # noqa: E402
+from trainer.loop.samples import build_samples  # noqa: E402
+from trainer.loop.update import plan_update, policy_update  # noqa: E402
+from trainer.models.byte_model import ModelShape  # noqa: E402
+from trainer.models.model_families import FAMILIES, build_config, build_model  # noqa: E402
+from trainer.models.weights import delta, state_dict, write_update  # noqa: E402
 
 QWEN25_VOCAB = 151_936
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -236,7 +236,7 @@ def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
         model = distributed.shard_model(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     lora_params = sum(p.numel() for p in trainable) if run.mode == "lora" else 0
-    served = None  # theta_served, to make the delta from: as trainer/service.py keeps it
+    served = None  # theta_served, to make the delta from: as trainer/loop/service.py keeps it
     if run.fsdp:
         served = distributed.gather_full_state(model)
     elif run.mode == "full":

@@ -5,10 +5,11 @@ wall-clock budget and machine, several seeds each, back to back in one invocatio
     .venv/bin/python bench/placement.py --quick                      # one seed, 1 minute each
 
 Each run starts its own vLLM (pinned to the backend cores when separated), `rlgw serve` on a
-fresh database and `rlgw train --placement ...`; agents play the demo task (trainer/demo_task.py)
-from the warm-started policy with client retries, disconnects and delayed rewards injected; the
-trainer is killed once mid-run and restarted. Results: JSON per run, a summary with the verdict,
-a markdown table and a PNG under --out (docs/benchmarks.md, "Placement", shows them).
+fresh database and `rlgw train --placement ...`; agents play the demo task
+(trainer/models/demo_task.py) from the warm-started policy with client retries, disconnects and
+delayed rewards injected; the trainer is killed once mid-run and restarted. Results: JSON per run, a
+summary with the verdict, a markdown table and a PNG under --out (docs/benchmarks.md, "Placement",
+shows them).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ QUICK = {  # small enough for the test suite: a few versions per placement in ab
 
 def model_for(seed: int, home: Path) -> Path:
     """The demo's warm-started policy for `seed` (built once, then reused)."""
-    from trainer.warm_start import init_demo_model
+    from trainer.models.warm_start import init_demo_model
 
     path = home / "models" / f"demo-seed{seed}"
     if not (path / "rlgw_model.json").exists():

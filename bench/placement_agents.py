@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import openai
 
-from trainer import demo_task
+from trainer.models import demo_task
 
 RETRY_TIMEOUT_S = 0.005  # a client timeout no reply can meet: the request is sent, then dropped
 

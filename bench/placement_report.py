@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.placement_run import RunResult
-from trainer.tracking import rejection_kind
+from trainer.loop.tracking import rejection_kind
 
 
 def exactness(result: RunResult) -> dict:

@@ -26,7 +26,7 @@ from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.placement import Placement, format_cpus
 from rlgw.ports import free_port
 from rlgw.registry import register_backend
-from trainer import demo_task
+from trainer.models import demo_task
 
 
 @dataclass(frozen=True)

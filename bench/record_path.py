@@ -15,8 +15,8 @@ import gateway.recording.recorder
 from gateway.recording.lineage import request_sequence
 from gateway.recording.record import CompletionRecord
 from gateway.recording.recorder import Recorder
+from migrations.runner import upgrade
 from rlgw.db.engine import make_async_engine
-from rlgw.db.migrate import upgrade
 from rlgw.db.urls import to_libpq_uri, to_sqlalchemy_url
 
 BODY = {

@@ -27,7 +27,7 @@ from sqlalchemy import create_engine, insert, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.recording.record import CompletionRecord  # noqa: E402
-from rlgw.db.migrate import upgrade  # noqa: E402
+from migrations.runner import upgrade  # noqa: E402
 from rlgw.db.models import AgentSession, Completion  # noqa: E402
 from rlgw.db.urls import to_sqlalchemy_url  # noqa: E402
 

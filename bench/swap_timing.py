@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import httpx
 
-from trainer.parity import PROBE_TOKEN_IDS, ProbeScores
+from trainer.backends.parity import PROBE_TOKEN_IDS, ProbeScores
+from trainer.backends.vllm_control import VllmControl
 from trainer.swap.verification import judge
-from trainer.vllm_control import VllmControl
 from trainer.weight_update.base import WeightUpdate
 
 SERVED_NAME = "bench"

@@ -44,11 +44,11 @@ from bench.trainer_step_data import (  # noqa: E402
 from bench.trainer_throughput import raw_step  # noqa: E402
 from rlgw.db.engine import make_sync_engine  # noqa: E402
 from rlgw.settings import Settings  # noqa: E402
-from trainer import collectives  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.microbatch import to_device  # noqa: E402
-from trainer.samples import collate  # noqa: E402
-from trainer.service import OnlineTrainer  # noqa: E402
+from trainer.loop import collectives  # noqa: E402
+from trainer.loop.microbatch import to_device  # noqa: E402
+from trainer.loop.samples import collate  # noqa: E402
+from trainer.loop.service import OnlineTrainer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 MODEL_NAME = "bench-step"
@@ -56,7 +56,7 @@ MODEL_NAME = "bench-step"
 
 def model_dir(preset: str) -> Path:
     """The preset's random model, created once under bench/results/models/."""
-    from trainer.init_model import create_model
+    from trainer.models.init_model import create_model
 
     path = RESULTS / "models" / preset
     if not (path / "config.json").exists():
@@ -164,10 +164,10 @@ def raw_share(trainer: OnlineTrainer, samples: list, dtype: str) -> None:
     trainer's own model and optimizer (every rank calls it: a collective when sharded)."""
     rank, world = collectives.rank(), collectives.world_size()
     mine = samples[rank::world]  # as the update splits a batch
-    batch = to_device(collate(mine, trainer.policy.pad_id), trainer.dist.device)
-    trainer.policy.training.train()
-    raw_step(trainer.policy.training, trainer.optimizer, batch, dtype, world)
-    trainer.policy.training.eval()
+    batch = to_device(collate(mine, trainer.loop.policy.pad_id), trainer.dist.device)
+    trainer.loop.policy.training.train()
+    raw_step(trainer.loop.policy.training, trainer.optimizer, batch, dtype, world)
+    trainer.loop.policy.training.eval()
 
 
 def launch(args: argparse.Namespace, dtype: str, nproc: int, backend_url: str | None) -> dict:

@@ -14,12 +14,12 @@ import torch
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from migrations.runner import upgrade
 from rlgw import registry
-from rlgw.db.migrate import upgrade
 from rlgw.db.models import AgentSession, Completion, Reward
 from rlgw.db.token_arrays import pack_ids, pack_logprobs
 from rlgw.db.urls import to_sqlalchemy_url
-from trainer.samples import Sample
+from trainer.loop.samples import Sample
 
 BEHAVE_LOGPROB = -5.5  # about log(1/259): what a random byte-level policy gives each token
 

@@ -5,8 +5,8 @@ fp32 and bf16 autocast, in 1 process and in 2 (FSDP2 over gloo, torchrun): the s
 batch of `--samples` x `--tokens`, a quarter prompt) go through
 
   raw:    model(...) -> log-probs of the targets -> mean over output tokens -> backward -> AdamW
-  update: trainer.update.policy_update (collation, micro-batches, the decoupled PPO loss, global
-          grad-norm clipping, AdamW), one minibatch, one micro-batch per rank
+  update: trainer.loop.update.policy_update (collation, micro-batches, the decoupled PPO loss,
+          global grad-norm clipping, AdamW), one minibatch, one micro-batch per rank
 
 interleaved step by step (raw, update, raw, update, ...) after one warm-up step of each, so that
 a shared machine's load falls on both alike. Target: update >= 80% of raw tokens/s.
@@ -34,14 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlgw.ports import free_port  # noqa: E402
-from trainer import distributed  # noqa: E402
-from trainer.byte_model import ENDOFTEXT_ID, PRESETS, VOCAB_SIZE, build_model  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.device import autocast, prepare_model  # noqa: E402
-from trainer.loss import token_logprobs  # noqa: E402
-from trainer.microbatch import to_device  # noqa: E402
-from trainer.samples import Sample, collate  # noqa: E402
-from trainer.update import policy_update  # noqa: E402
+from trainer.loop import distributed  # noqa: E402
+from trainer.loop.device import autocast, prepare_model  # noqa: E402
+from trainer.loop.loss import token_logprobs  # noqa: E402
+from trainer.loop.microbatch import to_device  # noqa: E402
+from trainer.loop.samples import Sample, collate  # noqa: E402
+from trainer.loop.update import policy_update  # noqa: E402
+from trainer.models.byte_model import ENDOFTEXT_ID, PRESETS, VOCAB_SIZE, build_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "trainer_throughput.json"
 

@@ -51,12 +51,12 @@ from bench.swap_timing import (  # noqa: E402
 )
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
 from rlgw.ports import free_port  # noqa: E402
-from trainer.init_model import PRESETS, create_model  # noqa: E402
-from trainer.parity import PROBE_TOKEN_IDS, reference_scores, served_scores  # noqa: E402
+from trainer.backends.parity import PROBE_TOKEN_IDS, reference_scores, served_scores  # noqa: E402
+from trainer.backends.vllm_control import VllmControl  # noqa: E402
+from trainer.models.init_model import PRESETS, create_model  # noqa: E402
+from trainer.models.weights import load_reference_model, state_dict, write_update  # noqa: E402
 from trainer.swap.verification import tolerance_for  # noqa: E402
-from trainer.vllm_control import VllmControl  # noqa: E402
 from trainer.weight_update.files import DeltaFile  # noqa: E402
-from trainer.weights import load_reference_model, state_dict, write_update  # noqa: E402
 
 PARITY_TOL = 1e-4  # the swap coordinator's fp32 tolerance (settings.parity_tolerance)
 METHOD = "delta-file"  # full-parameter delta in a safetensors file read from a local path
@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "repeats": args.repeats,
         "delta_std": 0.02 * args.scale,
-        "worker_extension": args.worker_extension or "trainer.vllm_worker.WeightUpdateExtension",
+        "worker_extension": args.worker_extension or "rlgw_vllm.extension.WeightUpdateExtension",
         "parity_tolerance": PARITY_TOL,
         "rows": [row(r) for r in results],
         "results": results,

@@ -45,16 +45,16 @@ from bench.weight_sync import (  # noqa: E402
     wait_for_memory,
 )
 from rlgw.backend_launcher import stop_backend  # noqa: E402
-from trainer.init_model import PRESETS, create_model  # noqa: E402
-from trainer.parity import reference_scores, served_scores  # noqa: E402
+from trainer.backends.parity import reference_scores, served_scores  # noqa: E402
+from trainer.backends.vllm_control import VllmControl  # noqa: E402
+from trainer.models.init_model import PRESETS, create_model  # noqa: E402
+from trainer.models.weights import load_reference_model  # noqa: E402
+from trainer.publishing.version_files import VersionFileServer, version_url  # noqa: E402
+from trainer.publishing.versions import file_sha256, version_file  # noqa: E402
 from trainer.swap.verification import tolerance_for  # noqa: E402
-from trainer.version_files import VersionFileServer, version_url  # noqa: E402
-from trainer.versions import file_sha256, version_file  # noqa: E402
-from trainer.vllm_control import VllmControl  # noqa: E402
 from trainer.weight_update.base import WeightUpdate  # noqa: E402
 from trainer.weight_update.files import DeltaFile  # noqa: E402
 from trainer.weight_update.remote import RemoteDelta  # noqa: E402
-from trainer.weights import load_reference_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "weight_sync_http.json"
 METHODS = ("path", "http")

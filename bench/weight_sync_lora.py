@@ -42,13 +42,13 @@ from bench.weight_sync import machine, versions, wait_for_memory  # noqa: E402
 from rlgw.adapters import LoraSpec  # noqa: E402
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
 from rlgw.ports import free_port  # noqa: E402
-from trainer.init_model import PRESETS, create_model  # noqa: E402
-from trainer.lora import with_adapter  # noqa: E402
-from trainer.parity import reference_scores, served_scores  # noqa: E402
+from trainer.backends.parity import reference_scores, served_scores  # noqa: E402
+from trainer.backends.vllm_control import VllmControl  # noqa: E402
+from trainer.models.init_model import PRESETS, create_model  # noqa: E402
+from trainer.models.lora import with_adapter  # noqa: E402
+from trainer.models.weights import load_reference_model  # noqa: E402
 from trainer.swap.verification import tolerance_for  # noqa: E402
-from trainer.vllm_control import VllmControl  # noqa: E402
 from trainer.weight_update.lora import LoraAdapter  # noqa: E402
-from trainer.weights import load_reference_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "weight_sync_lora.json"
 PARITY_TOL = 1e-4  # fp32 (settings.parity_tolerance); other dtypes: the measured noise band

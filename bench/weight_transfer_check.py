@@ -27,10 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlgw.ports import free_port  # noqa: E402
-from trainer.byte_model import ModelShape  # noqa: E402
-from trainer.model_families import FAMILIES, build_config, build_model  # noqa: E402
+from trainer.models.byte_model import ModelShape  # noqa: E402
+from trainer.models.model_families import FAMILIES, build_config, build_model  # noqa: E402
+from trainer.models.weights import state_dict  # noqa: E402
 from trainer.weight_update.packing import buckets, metadata, pack, unpack, wire_tensors  # noqa: E402
-from trainer.weights import state_dict  # noqa: E402
 
 BUFFER_BYTES = 1 << 30  # vLLM's DEFAULT_PACKED_BUFFER_SIZE_BYTES
 SHAPES = {  # (shape, vocab): Qwen2.5-0.5B's, and tiny ones for the CPU

@@ -1,5 +1,5 @@
 # vLLM (GPU) with this project installed, so that vLLM can load our worker extension
-# (--worker-extension-cls trainer.vllm_worker.WeightUpdateExtension). The same image runs the
+# (--worker-extension-cls rlgw_vllm.extension.WeightUpdateExtension). The same image runs the
 # trainer (`rlgw train`), which needs the image's torch and transformers and a GPU.
 # Build from the repository root:  docker build -f docker/vllm.Dockerfile -t rlgw-vllm .
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
@@ -19,7 +19,7 @@ RUN python3 -m pip list --format=freeze > /tmp/image-pins.txt \
         "sqlalchemy[asyncio]>=2.0.30" "alembic>=1.13" "psycopg[binary]>=3.2" \
         "pydantic-settings>=2.3" "authlib>=1.3" "uvicorn[standard]>=0.30" \
     && rm -rf /tmp/rlgw-src /tmp/image-pins.txt \
-    && python3 -c "import trainer, rlgw.cli, rlgw.db.migrate"
+    && python3 -c "import trainer, rlgw_cli, rlgw_vllm.extension, migrations.runner"
 
 # Control endpoints (/pause, /resume, /collective_rpc, /update_weight_version) need dev mode.
 ENV VLLM_SERVER_DEV_MODE=1 \

@@ -1,4 +1,4 @@
-"""Alembic environment: migrations run online against the URL set by rlgw.db.migrate."""
+"""Alembic environment: migrations run online against the URL set by migrations.runner."""
 
 from __future__ import annotations
 

@@ -18,13 +18,14 @@ import httpx
 from rlgw.adapters import max_lora_rank
 from rlgw.placement import Placement, pinned_argv
 from rlgw.tool_parsers import AUTO, choose_tool_parser
+from rlgw.settings import Settings
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 PLATFORMS = ("cpu", "gpu")
 # 512 is too short with a byte-level tokenizer: one small tool schema makes a ~400-token prompt.
 CPU_MAX_MODEL_LEN = 2048
 DEFAULT_LOG_LEVEL = "WARNING"
-WORKER_EXTENSION = "trainer.vllm_worker.WeightUpdateExtension"
+WORKER_EXTENSION = "rlgw_vllm.extension.WeightUpdateExtension"
 # Adapters resident at once: the served one and the one a swap loads beside it.
 MAX_LORAS = 2
 PROGRESS_EVERY_S = 10.0
@@ -41,7 +42,7 @@ class BackendError(RuntimeError):
 
 def detect_platform() -> str:
     """'gpu' when torch sees a CUDA device, else 'cpu'. RLGW_BACKEND_PLATFORM overrides."""
-    forced = os.environ.get("RLGW_BACKEND_PLATFORM", "").strip().lower()
+    forced = Settings().backend_platform.strip().lower()
     if forced:
         return _check_platform(forced)
     try:

@@ -29,8 +29,9 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-class Settings(BaseSettings):
-    """Runtime configuration. Every field can be set as RLGW_<NAME> in the environment."""
+class HomeSettings(BaseSettings):
+    """RLGW_HOME, read here only: `Settings` (gateway, trainer, CLI) and the backends' worker
+    settings (rlgw_vllm/settings.py: a vLLM worker keeps its downloads under it) extend this."""
 
     model_config = SettingsConfigDict(env_prefix="RLGW_", extra="ignore")
 
@@ -38,6 +39,13 @@ class Settings(BaseSettings):
         default=Path.home() / ".rlgw",
         description="State directory: embedded Postgres data, generated models, logs.",
     )
+
+
+class Settings(HomeSettings):
+    """Runtime configuration. Every field can be set as RLGW_<NAME> in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="RLGW_", extra="ignore")
+
     model_cache: Path = Field(
         default_factory=lambda: (
             Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlgw" / "models"
@@ -252,6 +260,16 @@ class Settings(BaseSettings):
         ge=0,
         description="How often each gateway applies the retention settings (0: never; "
         "`rlgw retention sweep` runs it once).",
+    )
+    backend_platform: str = Field(
+        default="",
+        description="The platform `rlgw backend` launches vLLM for: cpu or gpu. Empty: gpu when "
+        "torch sees a CUDA device, else cpu.",
+    )
+    dist_timeout_s: float = Field(
+        default=60.0,
+        description="How long a collective of a multi-process trainer waits for a missing rank "
+        "before it raises (seconds).",
     )
 
     @field_validator("database_url")

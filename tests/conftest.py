@@ -15,12 +15,12 @@ import httpx
 import psycopg
 import pytest
 
-from rlgw.cli.serve import GatewayThread
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.urls import to_libpq_uri, to_sqlalchemy_url
 from rlgw.ports import free_port
 from rlgw.settings import Settings
+from rlgw_cli.serve import GatewayThread
 
 DEFAULT_TEST_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 ADMIN_KEY = "test-admin-key-0123456789"
@@ -83,7 +83,7 @@ def database_url(make_database: Callable[[], str]) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.init_model import create_model
+    from trainer.models.init_model import create_model
 
     return create_model(tmp_path_factory.mktemp("models") / MODEL_NAME, preset="tiny", seed=0)
 

@@ -1,6 +1,6 @@
 """One rank of the two-process update test (tests/test_distributed.py), started by torchrun or by
 the test's own launcher. Rank 0 writes the gathered weights, the metrics and, last, `committed`.
-With --lora the ranks train a replicated LoRA policy (trainer.policy.Policy) instead, and every
+With --lora the ranks train a replicated LoRA policy (trainer.loop.policy.Policy) instead, and every
 rank writes its own adapter and restored optimizer moments."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "unit"))
 from update_fixtures import PAD_ID, interleaved_samples, tiny_model  # noqa: E402
 
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.device import prepare_model  # noqa: E402
-from trainer.distributed import (  # noqa: E402
+from trainer.loop.device import prepare_model  # noqa: E402
+from trainer.loop.distributed import (  # noqa: E402
     broadcast_samples,
     full_optimizer_state,
     gather_full_state,
@@ -32,8 +32,8 @@ from trainer.distributed import (  # noqa: E402
     shard_model,
     shutdown_distributed,
 )
-from trainer.policy import Policy  # noqa: E402
-from trainer.update import plan_update, policy_update  # noqa: E402
+from trainer.loop.policy import Policy  # noqa: E402
+from trainer.loop.update import plan_update, policy_update  # noqa: E402
 
 CONFIG = dict(max_tokens_per_sample=48, max_tokens_per_microbatch=48, grad_clip=1e9, device="cpu")
 # With momentum, SGD's first step is still theta - lr * g, and its state holds g (to gather).

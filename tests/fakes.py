@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from sqlalchemy import create_engine, text
 
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 
 FAKE_MODEL = "fake"
 FAKE_BACKEND = "http://fake-backend.invalid"

@@ -14,13 +14,13 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.main import create_app
+from migrations.runner import upgrade
 from rlgw import agent_keys
-from rlgw.cli.main import main as rlgw_main
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.registry import register_backend
+from rlgw_cli.main import main as rlgw_main
 from trainer.config import TrainerConfig
-from trainer.service import OnlineTrainer
+from trainer.loop.service import OnlineTrainer
 
 from conftest import ADMIN_KEY, MODEL_NAME, LiveServer, free_port, gateway_settings
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.weights import apply_delta, load_reference_model, state_dict, write_update
+from trainer.models.weights import apply_delta, load_reference_model, state_dict, write_update
 
 
 def random_delta(model_dir: Path, seed: int, scale: float = 0.02) -> dict[str, torch.Tensor]:
@@ -28,7 +28,7 @@ def random_adapter(model_dir: Path, rank: int, seed: int) -> torch.nn.Module:
     """The base model with a random (non-zero) LoRA adapter of `rank`: a peft model, whose
     adapter moves every served log-prob visibly (peft starts B at zero, a no-op)."""
     from rlgw.adapters import LoraSpec
-    from trainer.lora import with_adapter
+    from trainer.models.lora import with_adapter
 
     torch.manual_seed(seed)
     model = with_adapter(load_reference_model(model_dir), LoraSpec(rank, 2.0 * rank))

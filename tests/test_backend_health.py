@@ -15,9 +15,9 @@ from sqlalchemy import create_engine, text
 from bench.fake_upstream import start_fake_upstream, stop
 from gateway.main import create_app
 from gateway.proxy.routing import BackendPool
+from migrations.runner import upgrade
 from rlgw.backend_state import CHANNEL
 from rlgw.db.engine import async_session_factory, make_async_engine
-from rlgw.db.migrate import upgrade
 
 from conftest import ADMIN_KEY, MODEL_NAME, LiveServer, fetch_record, free_port, gateway_settings
 

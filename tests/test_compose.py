@@ -140,7 +140,7 @@ def test_vllm_dev_mode_and_worker_extension(config: dict[str, Any]) -> None:
     argv = _argv(vllm.get("command"))
     assert "--worker-extension-cls" in argv, argv
     assert argv[argv.index("--worker-extension-cls") + 1] == (
-        "trainer.vllm_worker.WeightUpdateExtension"
+        "rlgw_vllm.extension.WeightUpdateExtension"
     )
     assert argv[argv.index("--served-model-name") + 1] == "policy"
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
@@ -213,10 +213,10 @@ def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
 
 
 def test_the_trainer_and_vllm_agree_on_where_versions_live(config: dict[str, Any]) -> None:
-    """The trainer writes version files under its RLGW_HOME (trainer/versions.py) and the
+    """The trainer writes version files under its RLGW_HOME (trainer/publishing/versions.py) and the
     backend reads them at the path it is told: both must mount one volume at that directory."""
     from rlgw.settings import Settings
-    from trainer.versions import version_file
+    from trainer.publishing.versions import version_file
 
     services = config["services"]
     trainer, vllm = services["trainer"], services["vllm"]
@@ -232,7 +232,7 @@ def test_the_trainer_and_vllm_agree_on_where_versions_live(config: dict[str, Any
 
 
 def test_the_trainer_trains_on_the_gpu_it_reserves_in_bf16(config: dict[str, Any]) -> None:
-    from rlgw.cli import build_parser
+    from rlgw_cli import build_parser
     from trainer.config import DEVICES, DTYPES
 
     trainer, vllm = config["services"]["trainer"], config["services"]["vllm"]

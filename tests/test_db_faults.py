@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from gateway.main import create_app
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.urls import to_libpq_uri
 from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT
 from rlgw.registry import register_backend

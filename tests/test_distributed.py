@@ -28,8 +28,8 @@ from update_fixtures import (  # noqa: E402
 )
 
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.distributed import DistContext  # noqa: E402
-from trainer.update import policy_update  # noqa: E402
+from trainer.loop.distributed import DistContext  # noqa: E402
+from trainer.loop.update import policy_update  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed_worker.py"

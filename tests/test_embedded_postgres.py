@@ -14,7 +14,7 @@ pytest.importorskip("pgserver")
 
 WRITE = """
 import psycopg
-from rlgw.database import resolve_database_url
+from rlgw_cli.database import resolve_database_url
 from rlgw.db.urls import to_libpq_uri
 from rlgw.settings import Settings
 url = resolve_database_url(Settings())
@@ -25,7 +25,7 @@ print(url)
 """
 READ = """
 import psycopg
-from rlgw.database import resolve_database_url
+from rlgw_cli.database import resolve_database_url
 from rlgw.db.urls import to_libpq_uri
 from rlgw.settings import Settings
 url = resolve_database_url(Settings())

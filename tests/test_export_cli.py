@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from rlgw.cli import main
 from rlgw.export import export_command
+from rlgw_cli import main
 
 from conftest import MODEL_NAME
 

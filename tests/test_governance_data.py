@@ -21,7 +21,7 @@ from sqlalchemy import text
 from gateway.main import create_app
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.export import write_jsonl
-from trainer.claims import TrainerInstance, claim_sessions, unclaim
+from trainer.loop.claims import TrainerInstance, claim_sessions, unclaim
 
 from conftest import MODEL_NAME, LiveServer, free_port, gateway_settings
 from governance_helpers import TOKEN_SECRET, Env, governance_env, rlgw, statuses

@@ -16,15 +16,15 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.main import create_app
-from rlgw.cli.main import main as rlgw_main
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.registry import register_backend
+from rlgw_cli.main import main as rlgw_main
+from trainer.backends.parity import reference_scores, served_scores
+from trainer.backends.vllm_control import VllmControl
 from trainer.config import TrainerConfig
-from trainer.parity import reference_scores, served_scores
-from trainer.service import OnlineTrainer
-from trainer.vllm_control import VllmControl
-from trainer.weights import load_reference_model
+from trainer.loop.service import OnlineTrainer
+from trainer.models.weights import load_reference_model
 
 from conftest import (
     ADMIN_KEY,

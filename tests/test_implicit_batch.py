@@ -18,8 +18,8 @@ from gateway.recording import implicit_batch
 from gateway.recording.record import CompletionRecord
 from gateway.recording.recorder import Recorder
 from gateway.recording.store import store_batch
+from migrations.runner import upgrade
 from rlgw.db.engine import make_async_engine
-from rlgw.db.migrate import upgrade
 
 
 def record(

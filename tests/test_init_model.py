@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trainer.byte_model import IM_END_ID, PRESETS, VOCAB_SIZE  # noqa: E402
-from trainer.init_model import create_model, model_fingerprint  # noqa: E402
+from trainer.models.byte_model import IM_END_ID, PRESETS, VOCAB_SIZE  # noqa: E402
+from trainer.models.init_model import create_model, model_fingerprint  # noqa: E402
 
 
 @pytest.fixture(scope="module")

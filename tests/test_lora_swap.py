@@ -22,18 +22,18 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from gateway.main import create_app
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.models import Backend, PolicyVersion, RegisteredModel
 from rlgw.registry import register_backend
+from trainer.backends.parity import reference_scores, served_scores
 from trainer.config import TrainerConfig
-from trainer.export_model import export_model
-from trainer.parity import reference_scores, served_scores
-from trainer.publish import Publisher
-from trainer.service import OnlineTrainer
+from trainer.loop.service import OnlineTrainer
+from trainer.models.weights import load_reference_model
+from trainer.publishing.export_model import export_model
+from trainer.publishing.publish import Publisher
 from trainer.swap.coordinator import SwapPlan
 from trainer.weight_update.lora import LoraAdapter
-from trainer.weights import load_reference_model
 
 from conftest import (
     ADMIN_KEY,
@@ -262,8 +262,8 @@ def test_a_trainer_with_other_lora_settings_is_refused(env, trained):
 def test_rlgw_up_starts_a_lora_model_in_its_recorded_mode_and_refuses_another(env, trained):
     import argparse
 
-    from rlgw.cli.lora import lora_argv, lora_mode
-    from rlgw.cli.output import CommandError
+    from rlgw_cli.lora import lora_argv, lora_mode
+    from rlgw_cli.output import CommandError
 
     def flags(rank=None) -> argparse.Namespace:
         return argparse.Namespace(lora_rank=rank, lora_alpha=None, lora_targets=None)
@@ -277,8 +277,8 @@ def test_rlgw_up_starts_a_lora_model_in_its_recorded_mode_and_refuses_another(en
 
 def test_rlgw_push_refuses_a_lora_model(env, trained, tmp_path):
     from trainer.errors import BadUpdate
-    from trainer.push import push
-    from trainer.weights import write_update
+    from trainer.models.weights import write_update
+    from trainer.publishing.push import push
 
     path = tmp_path / "delta.safetensors"
     write_update({"model.norm.weight": torch.zeros(64)}, path)
@@ -297,7 +297,7 @@ def test_two_trainer_processes_train_a_lora_version_that_passes_the_swap(env, tr
     home = str(env.settings.home)
     environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": home}
     done = subprocess.run(
-        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+        [sys.executable, "-m", "rlgw_cli", "train", "--model", MODEL_NAME]
         + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
         env=environment,
         capture_output=True,

@@ -16,8 +16,8 @@ from sqlalchemy.engine import make_url
 
 from gateway.main import create_app
 from gateway.metrics.reasons import reason_kind
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.registry import register_backend
 
 from conftest import ADMIN_KEY, MODEL_NAME, LiveServer, free_port, gateway_settings

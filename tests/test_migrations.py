@@ -6,7 +6,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from rlgw.db.migrate import downgrade, upgrade
+from migrations.runner import downgrade, upgrade
 from rlgw.db.models import Base
 
 TABLES = {"models", "backends", "policy_versions", "sessions", "completions", "rewards"}

@@ -15,9 +15,9 @@ import torch
 
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.ports import free_port
-from trainer.init_model import create_model
-from trainer.parity import reference_scores, served_scores
-from trainer.weights import load_reference_model
+from trainer.backends.parity import reference_scores, served_scores
+from trainer.models.init_model import create_model
+from trainer.models.weights import load_reference_model
 
 # family -> create_model options. Llama is also written as vLLM finds hub checkpoints: bf16 on
 # disk, in shards with an index.
@@ -185,11 +185,11 @@ def test_record_reward_train_and_a_verified_swap(
     import openai
 
     from gateway.main import create_app
+    from migrations.runner import upgrade
     from rlgw.db.engine import make_sync_engine, sync_session_factory
-    from rlgw.db.migrate import upgrade
     from rlgw.registry import register_backend
     from trainer.config import TrainerConfig
-    from trainer.service import OnlineTrainer
+    from trainer.loop.service import OnlineTrainer
 
     from conftest import ADMIN_KEY, LiveServer, gateway_settings
 

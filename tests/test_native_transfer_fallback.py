@@ -10,14 +10,14 @@ import pytest
 import torch
 from sqlalchemy import Engine, create_engine, text
 
-from rlgw.db.migrate import upgrade
-from trainer.parity import reference_scores
+from migrations.runner import upgrade
+from trainer.backends.parity import reference_scores
+from trainer.backends.vllm_control import ControlError, VllmControl
+from trainer.models.weights import load_reference_model, state_dict
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan
-from trainer.vllm_control import ControlError, VllmControl
 from trainer.weight_update.files import FullFile
 from trainer.weight_update.native_offer import native_offer
 from trainer.weight_update.nccl import NcclTransfer
-from trainer.weights import load_reference_model, state_dict
 
 from conftest import MODEL_NAME
 

@@ -20,14 +20,14 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from gateway.main import create_app
+from migrations.runner import upgrade
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.models import Backend, Consumption
 from rlgw.placement import Placement
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
-from trainer.service import OnlineTrainer
+from trainer.loop.service import OnlineTrainer
 from trainer.swap.hold import HOLD_REASON
 
 from conftest import ADMIN_KEY, MODEL_NAME, LiveServer, free_port, gateway_settings
@@ -185,7 +185,7 @@ def test_separated_backend_and_trainer_run_on_disjoint_cores(
             sessions = [stack.episode(r) for r in (1.0, 0.0)]
             env = {**os.environ, "RLGW_DATABASE_URL": db_url, "RLGW_HOME": str(tmp_path)}
             trainer = subprocess.Popen(
-                [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+                [sys.executable, "-m", "rlgw_cli", "train", "--model", MODEL_NAME]
                 + ["--max-versions", "1", "--placement", "separated"],
                 env=env,
                 stdout=subprocess.PIPE,

@@ -12,8 +12,8 @@ import pytest
 import torch
 from sqlalchemy import text
 
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.registry import store_model
 from rlgw.settings import Settings
 from trainer.errors import (
@@ -25,8 +25,8 @@ from trainer.errors import (
     VersionConflict,
     VersionFilesUnavailable,
 )
-from trainer.publish import Publisher
-from trainer.push import push
+from trainer.publishing.publish import Publisher
+from trainer.publishing.push import push
 from trainer.weight_update.files import DeltaFile
 
 from conftest import MODEL_NAME, free_port, gateway_settings

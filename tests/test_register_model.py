@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 import rlgw.netguard
-from rlgw.cli import main as rlgw_main
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
+from rlgw_cli import main as rlgw_main
 
 from auth_helpers import as_key, auth_gateway, mint_key
 from conftest import ADMIN_KEY, MODEL_NAME

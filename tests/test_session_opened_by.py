@@ -11,9 +11,9 @@ from sqlalchemy import create_engine, text
 
 from gateway.proxy.canary import Draw
 from gateway.proxy.session_binding import open_session
+from migrations.runner import upgrade
 from rlgw import agent_keys
 from rlgw.db.engine import async_session_factory, make_async_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 
 TENANT = "acme"
 

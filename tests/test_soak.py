@@ -16,8 +16,8 @@ import pytest
 from bench.fake_upstream import start_fake_upstream, stop, upstream_url
 from bench.soak_agents import run_agents
 from bench.soak_check import compare
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.urls import to_libpq_uri
 from rlgw.registry import register_backend
 

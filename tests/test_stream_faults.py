@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.main import create_app
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 
 from conftest import ADMIN_KEY, LiveServer, fetch_record, free_port, gateway_settings
 from raw_backend import STREAM_HEAD, RawBackend, chunk, respond

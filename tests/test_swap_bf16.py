@@ -18,19 +18,19 @@ import torch
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from migrations.runner import upgrade
 from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.models import RegisteredModel
 from rlgw.ports import free_port
 from rlgw.registry import register_backend
-from trainer.parity import ProbeScores, reference_scores, served_scores
+from rlgw.test_hooks import STAGE_GATE_ENV
+from trainer.backends.parity import ProbeScores, reference_scores, served_scores
+from trainer.backends.vllm_control import VllmControl
+from trainer.models.weights import state_dict
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan, SwapReport
 from trainer.swap.verification import LOW_PRECISION_CEILING, NOISE_FACTOR
-from trainer.vllm_control import VllmControl
-from trainer.vllm_worker import STAGE_GATE_ENV
 from trainer.weight_update.files import DeltaFile, FullFile
-from trainer.weights import state_dict
 
 from conftest import MODEL_NAME
 from swap_helpers import random_delta, reference_with, write_delta

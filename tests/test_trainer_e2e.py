@@ -21,19 +21,20 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
 from gateway.main import create_app
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import register_backend
+from rlgw.test_hooks import COMMIT_DELAY_ENV, FAULT_ENV
+from trainer.backends.parity import reference_scores, served_scores
+from trainer.backends.vllm_control import VllmControl
 from trainer.config import TrainerConfig
-from trainer.distributed import TIMEOUT_ENV
 from trainer.errors import PushRefused
-from trainer.parity import reference_scores, served_scores
-from trainer.publish import Publisher
-from trainer.push import push
-from trainer.service import COMMIT_DELAY_ENV, FAULT_ENV, NO_SIGNAL, OnlineTrainer
-from trainer.vllm_control import VllmControl
-from trainer.weights import apply_delta
+from trainer.loop.distributed import TIMEOUT_ENV
+from trainer.loop.service import NO_SIGNAL, OnlineTrainer
+from trainer.models.weights import apply_delta
+from trainer.publishing.publish import Publisher
+from trainer.publishing.push import push
 
 from conftest import (
     MODEL_NAME,
@@ -195,7 +196,7 @@ def run_trainer_process(env: Env, fault: str | None) -> subprocess.CompletedProc
         [
             sys.executable,
             "-m",
-            "rlgw.cli",
+            "rlgw_cli",
             "train",
             "--model",
             MODEL_NAME,
@@ -426,7 +427,7 @@ def train_one_version_in_two_processes(
     environment = {**os.environ, "RLGW_DATABASE_URL": env.db_url, "RLGW_HOME": str(env.home)}
     environment.pop(FAULT_ENV, None)
     return subprocess.run(
-        [sys.executable, "-m", "rlgw.cli", "train", "--model", MODEL_NAME]
+        [sys.executable, "-m", "rlgw_cli", "train", "--model", MODEL_NAME]
         + ["--max-versions", "1", "--batch-sessions", "16", "--nproc", "2"],
         env={**environment, **(extra_env or {})},
         capture_output=True,
@@ -472,9 +473,9 @@ def test_a_recorded_version_exports_as_a_checkpoint_that_serves_the_same(env, tm
     """`rlgw export-model`: the latest version, rebuilt from its base and files, is a checkpoint
     transformers loads with the served log-probs of that version, and vLLM serves it the same."""
     from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
-    from rlgw.cli import main as rlgw_main
     from rlgw.model_dir import inspect_model_dir
-    from trainer.weights import load_reference_model
+    from rlgw_cli import main as rlgw_main
+    from trainer.models.weights import load_reference_model
 
     drain_queue(env)
     env.episode(1.0)

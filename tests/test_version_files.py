@@ -15,22 +15,22 @@ from pathlib import Path
 import httpx
 import pytest
 
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.registry import store_model
 from rlgw.settings import Settings
-from trainer import fetch
-from trainer.fetch import (
+from rlgw_vllm import fetch
+from rlgw_vllm.extension import WeightUpdateExtension
+from rlgw_vllm.fetch import (
     BackgroundAdapterFetch,
     BackgroundFetch,
     FetchError,
     fetch_adapter,
     fetch_verified,
 )
-from trainer.publish import Publisher
-from trainer.version_files import VersionFileServer, version_files_token, version_url
-from trainer.versions import file_sha256, version_file
-from trainer.vllm_worker import WeightUpdateExtension
+from trainer.publishing.publish import Publisher
+from trainer.publishing.version_files import VersionFileServer, version_files_token, version_url
+from trainer.publishing.versions import file_sha256, version_file
 from trainer.weight_update.files import DeltaFile
 from trainer.weight_update.lora import CONFIG_FILE, WEIGHTS_FILE, LoraAdapter
 from trainer.weight_update.remote import RemoteDelta, RemoteLora

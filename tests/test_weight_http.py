@@ -18,17 +18,17 @@ import pytest
 import torch
 from sqlalchemy import select
 
+from migrations.runner import upgrade
 from rlgw.backend_launcher import backend_command, stop_backend, wait_healthy
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.models import Backend
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
-from trainer.parity import reference_scores, served_scores
-from trainer.publish import Publisher
-from trainer.push import push
+from trainer.backends.parity import reference_scores, served_scores
+from trainer.publishing.publish import Publisher
+from trainer.publishing.push import push
+from trainer.publishing.versions import file_sha256, version_file
 from trainer.swap.coordinator import SwapPlan, SwapReport
-from trainer.versions import file_sha256, version_file
 from trainer.weight_update.files import DeltaFile
 from trainer.weight_update.lora import CONFIG_FILE, WEIGHTS_FILE, LoraAdapter
 from trainer.weight_update.remote import RemoteDelta, RemoteLora, ServedFile

@@ -17,19 +17,19 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
 from gateway.main import create_app
+from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.migrate import upgrade
 from rlgw.db.models import Completion, RegisteredModel
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
-from trainer.parity import ProbeScores, reference_scores, served_scores
-from trainer.push import PushError, push
+from rlgw.test_hooks import STAGE_GATE_ENV
+from trainer.backends.parity import ProbeScores, reference_scores, served_scores
+from trainer.backends.vllm_control import VllmControl
+from trainer.models.weights import write_update
+from trainer.publishing.push import PushError, push
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
-from trainer.vllm_control import VllmControl
-from trainer.vllm_worker import STAGE_GATE_ENV
 from trainer.weight_update.files import DeltaFile
-from trainer.weights import write_update
 
 from conftest import (
     ADMIN_KEY,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from rlgw.db.migrate import upgrade
+from migrations.runner import upgrade
 
 from conftest import ADMIN_KEY
 from serve_process import processes_seen, serve_process

@@ -7,7 +7,7 @@ RLGW_TRAINING_CONSENT. An agent key may narrow it, never widen it (`agent_keys.t
 null inherits the tenant's; a list, possibly empty, is the most its sessions may train): a
 session opened with the key (`sessions.agent_key_id`) may train a model only if both its tenant
 and its key consent. The trainer claims only sessions that consent to the model being trained
-(`consented_sql`, in trainer/claims.py); a change applies to every session not consumed yet,
+(`consented_sql`, in trainer/loop/claims.py); a change applies to every session not consumed yet,
 since consent is checked when a session is claimed, never when it is recorded.
 """
 

@@ -1,7 +1,8 @@
 """Rollback requests: which versions a model may be rolled back to, and the audited request.
 
 `rlgw rollback` carries a request out at once; one made over the admin API waits in the audit log
-(`state` pending) until the model's trainer carries it out (trainer/rollback.py does both).
+(`state` pending) until the model's trainer carries it out (trainer/publishing/rollback.py does
+both).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def test_cpu_runs_fp32_eager_with_the_weight_plugin_and_a_bounded_context(tmp_pa
     assert _value(argv, "--dtype") == "float32" and "--enforce-eager" in argv
     assert _value(argv, "--max-model-len") == str(CPU_MAX_MODEL_LEN)
     assert _value(argv, "--served-model-name") == "m" and _value(argv, "--port") == "8100"
-    assert _value(argv, "--worker-extension-cls") == "trainer.vllm_worker.WeightUpdateExtension"
+    assert _value(argv, "--worker-extension-cls") == "rlgw_vllm.extension.WeightUpdateExtension"
     assert "--enable-auto-tool-choice" in argv and _value(argv, "--tool-call-parser")
     assert env["RLGW_VLLM_KEEP_WEIGHTS"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1" and "VLLM_CPU_KVCACHE_SPACE" in env
@@ -38,7 +38,7 @@ def test_gpu_runs_bf16_with_cuda_graphs_and_the_models_own_context(tmp_path: Pat
     argv, env = backend_command(_model(tmp_path), 8100, platform="gpu")
     assert _value(argv, "--dtype") == "bfloat16" and "--enforce-eager" not in argv
     assert "--max-model-len" not in argv
-    assert _value(argv, "--worker-extension-cls") == "trainer.vllm_worker.WeightUpdateExtension"
+    assert _value(argv, "--worker-extension-cls") == "rlgw_vllm.extension.WeightUpdateExtension"
     assert "RLGW_VLLM_KEEP_WEIGHTS" not in env and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
 

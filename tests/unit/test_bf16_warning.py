@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.device import cpu_flags, slow_bf16_warning
+from trainer.loop.device import cpu_flags, slow_bf16_warning
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.collectives import clip_grad_norm
+from trainer.loop.collectives import clip_grad_norm
 
 
 @pytest.mark.parametrize("max_norm", [0.5, 1e3])  # clips / leaves the gradients as they are

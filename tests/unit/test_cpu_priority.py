@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from trainer.cpu_priority import STAGE_NICE_ENV, yield_cpu_to_serving
+from rlgw_vllm.cpu_priority import STAGE_NICE_ENV, yield_cpu_to_serving
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "setpriority"), reason="needs per-thread nice (Linux)"),

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from trainer import demo_task
-from trainer.demo_task import (
+from trainer.models import demo_task
+from trainer.models.demo_task import (
     ALPHABET,
     HELD_OUT_SPLIT,
     LENGTH,
@@ -178,8 +178,8 @@ def test_mean_reward() -> None:
 
 def test_warm_start_labels_only_the_answer_and_its_end_token() -> None:
     pytest.importorskip("transformers")
-    from trainer.byte_model import IM_END_ID, build_tokenizer
-    from trainer.warm_start import IGNORE_INDEX, encode_examples, encode_prompts
+    from trainer.models.byte_model import IM_END_ID, build_tokenizer
+    from trainer.models.warm_start import IGNORE_INDEX, encode_examples, encode_prompts
 
     tok = build_tokenizer()
     prompts = make_prompts(0, 3)
@@ -197,8 +197,8 @@ def test_warm_start_labels_only_the_answer_and_its_end_token() -> None:
 
 def test_warm_start_is_deterministic_and_keeps_the_tokenizer(tmp_path) -> None:
     pytest.importorskip("torch")
-    from trainer.init_model import create_model, model_fingerprint
-    from trainer.warm_start import warm_start
+    from trainer.models.init_model import create_model, model_fingerprint
+    from trainer.models.warm_start import warm_start
 
     tiny = dict(steps=3, batch_size=8, stop_nll=None, log_every=0, log=lambda _: None)
     dirs = [create_model(tmp_path / f"m{i}", "tiny", seed=5) for i in range(2)]

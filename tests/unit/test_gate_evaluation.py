@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from trainer import demo_task
 from trainer.gate import evaluation
+from trainer.models import demo_task
 
 
 def line(**fields) -> str:

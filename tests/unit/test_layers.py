@@ -12,7 +12,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-PACKAGES = {"rlgw": "rlgw", "gateway": "gateway", "trainer": "trainer", "migrations": "migrations"}
+PACKAGES = {
+    "rlgw": "rlgw",
+    "rlgw_cli": "rlgw_cli",
+    "rlgw_vllm": "rlgw_vllm",
+    "gateway": "gateway",
+    "trainer": "trainer",
+    "migrations": "migrations",
+}
 
 pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter not installed")
 
@@ -50,10 +57,18 @@ def test_the_layer_contracts_hold() -> None:
     ("module", "bad_import", "contract"),
     [
         ("rlgw/registry.py", "import gateway.errors", "only the composition root"),
-        ("rlgw/rewards.py", "import trainer.loss", "only the composition root"),
-        ("gateway/limits.py", "import trainer.loss", "gateway and trainer never import each other"),
-        ("trainer/loss.py", "import gateway.errors", "gateway and trainer never import each other"),
-        ("rlgw/registry.py", "import rlgw.cli.output", "never imports the composition root"),
+        ("rlgw/rewards.py", "import trainer.loop.loss", "only the composition root"),
+        (
+            "gateway/limits.py",
+            "import trainer.loop.loss",
+            "gateway and trainer never import each other",
+        ),
+        (
+            "trainer/loop/loss.py",
+            "import gateway.errors",
+            "gateway and trainer never import each other",
+        ),
+        ("rlgw/registry.py", "import rlgw_cli.output", "never imports the composition root"),
         ("gateway/responses/router.py", "import gateway.openai.surface", "three API surfaces"),
         ("gateway/proxy/routing.py", "import gateway.openai.router", "gateway's layers"),
         ("rlgw/db/engine.py", "import rlgw.registry", "no import circles"),

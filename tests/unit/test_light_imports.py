@@ -9,18 +9,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = ("fastapi", "sqlalchemy", "psycopg", "uvicorn", "vllm", "pydantic", "httpx")
 UPDATE_PATH = (
-    "trainer.update",
-    "trainer.loss",
-    "trainer.samples",
-    "trainer.records",
-    "trainer.microbatch",
-    "trainer.device",
-    "trainer.collectives",
-    "trainer.distributed",
-    "trainer.weights",
-    "trainer.init_model",
-    "trainer.model_families",
-    "trainer.bpe_tokenizer",
+    "trainer.loop.update",
+    "trainer.loop.loss",
+    "trainer.loop.samples",
+    "trainer.loop.records",
+    "trainer.loop.microbatch",
+    "trainer.loop.device",
+    "trainer.loop.collectives",
+    "trainer.loop.distributed",
+    "trainer.models.weights",
+    "trainer.models.init_model",
+    "trainer.models.model_families",
+    "trainer.models.bpe_tokenizer",
 )
 
 

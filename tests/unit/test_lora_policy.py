@@ -9,13 +9,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from update_fixtures import random_samples, tiny_model
 
+from trainer.backends.parity import reference_scores
 from trainer.config import TrainerConfig
-from trainer.distributed import DistContext
-from trainer.lora import merged
-from trainer.parity import reference_scores
-from trainer.policy import Policy
+from trainer.loop.distributed import DistContext
+from trainer.loop.policy import Policy
+from trainer.models.lora import merged
+from trainer.models.weights import state_dict
 from trainer.weight_update.lora import LoraAdapter
-from trainer.weights import state_dict
 
 
 def lora_policy(model: torch.nn.Module, **fields) -> Policy:

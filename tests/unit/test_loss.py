@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainer.loss import decoupled_ppo_loss, token_logprobs
+from trainer.loop.loss import decoupled_ppo_loss, token_logprobs
 
 
 def reference_loss(logp, prox, behave, adv, mask, eps, cap, mode):

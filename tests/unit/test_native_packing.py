@@ -19,7 +19,8 @@ from trainer.weight_update.packing import (
 
 
 def checkpoint_like() -> dict[str, torch.Tensor]:
-    """fp32 master weights by HF name, in module order (as `trainer.weights.state_dict` gives)."""
+    """fp32 master weights by HF name, in module order (as `trainer.models.weights.state_dict`
+    gives)."""
     gen = torch.Generator().manual_seed(0)
     shapes = {
         "model.embed_tokens.weight": (259, 64),

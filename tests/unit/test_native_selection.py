@@ -7,10 +7,10 @@ import torch
 
 from rlgw.ports import free_port
 from rlgw.settings import Settings
-from trainer.parity import ProbeScores
-from trainer.publish import swap_metrics
+from trainer.backends.parity import ProbeScores
+from trainer.backends.vllm_control import VllmControl
+from trainer.publishing.publish import swap_metrics
 from trainer.swap.coordinator import SwapPlan, SwapReport
-from trainer.vllm_control import VllmControl
 from trainer.weight_update.files import DeltaFile, FullFile
 from trainer.weight_update.native_offer import native_offer
 from trainer.weight_update.native_probe import ServerInfo, server_problems, trainer_problems

@@ -23,10 +23,10 @@ from starlette.testclient import TestClient
 from vllm.distributed.weight_transfer.base import TrainerWeightTransferEngine
 from vllm.entrypoints.rl.online.api_router import router as vllm_rl_router
 
-from rlgw.db.migrate import upgrade
-from trainer.parity import ProbeScores
+from migrations.runner import upgrade
+from trainer.backends.parity import ProbeScores
+from trainer.backends.vllm_control import ControlError, VllmControl
 from trainer.swap.coordinator import SwapCoordinator, SwapPlan, failed_label
-from trainer.vllm_control import ControlError, VllmControl
 from trainer.weight_update.base import WeightsUnknown
 from trainer.weight_update.files import FullFile
 from trainer.weight_update.nccl import NcclTransfer

@@ -5,10 +5,10 @@ from __future__ import annotations
 from test_samples import siblings, step, trajectory
 
 from rlgw import trajectory as trajectory_module
-from trainer import records
 from trainer.config import TrainerConfig
-from trainer.records import trajectory_from_export
-from trainer.samples import build_samples
+from trainer.loop import records
+from trainer.loop.records import trajectory_from_export
+from trainer.loop.samples import build_samples
 
 
 def test_exported_json_builds_the_same_samples_and_skips() -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trainer.safetensors_read import read_tensors
+from rlgw_vllm.safetensors_read import read_tensors
 
 
 @pytest.fixture

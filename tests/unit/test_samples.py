@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from rlgw.trajectory import SiblingGroupOut, Step, Trajectory
 from trainer.config import TrainerConfig
-from trainer.samples import build_samples
+from trainer.loop.samples import build_samples
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.parity import ProbeScores
+from trainer.backends.parity import ProbeScores
 from trainer.swap.verification import (
     LOW_PRECISION_CEILING,
     NoiseBands,

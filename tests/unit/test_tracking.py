@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.tracking import RunLog, rejection_kind, version_scalars
+from trainer.loop.tracking import RunLog, rejection_kind, version_scalars
 
 
 @dataclass

@@ -9,8 +9,8 @@ import torch
 from update_fixtures import PAD_ID, assert_same_update, random_samples, tiny_model, weights
 
 from trainer.config import TrainerConfig
-from trainer.microbatch import SampleTooLong, pack_microbatches, sample_tokens
-from trainer.update import UpdateOutOfMemory, plan_update, policy_update
+from trainer.loop.microbatch import SampleTooLong, pack_microbatches, sample_tokens
+from trainer.loop.update import UpdateOutOfMemory, plan_update, policy_update
 
 WHOLE = 1 << 20  # a budget no test batch reaches: one micro-batch per minibatch
 # Two fp32 updates of the same gradient summed in a different order (per micro-batch, with other
@@ -156,7 +156,7 @@ def test_an_out_of_memory_after_a_step_says_what_to_restore() -> None:
 
 
 def test_state_helpers_work_in_one_process_too() -> None:
-    from trainer.distributed import full_optimizer_state, load_full_state, load_optimizer_state
+    from trainer.loop.distributed import full_optimizer_state, load_full_state, load_optimizer_state
 
     model, other = tiny_model(0), tiny_model(5)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

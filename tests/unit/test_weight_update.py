@@ -8,9 +8,9 @@ import httpx
 import pytest
 import torch
 
-from trainer.parity import ProbeScores
+from trainer.backends.parity import ProbeScores
+from trainer.backends.vllm_control import ControlError, VllmControl
 from trainer.swap.coordinator import SwapPlan
-from trainer.vllm_control import ControlError, VllmControl
 from trainer.weight_update import FILE_KINDS, DeltaFile, FullFile, stored_update
 
 SCORES = ProbeScores((-1.0,), 0, -1.0)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainer.vllm_worker import _all_finite, validate_update
+from rlgw.weight_files import _all_finite, validate_update
 
 EXPECTED = {"a.weight": (4, 6), "b.bias": (1000,)}
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -6,8 +6,8 @@ import random
 
 import torch
 
-from trainer.byte_model import ENDOFTEXT_ID, PRESETS, VOCAB_SIZE, build_model
-from trainer.samples import Sample
+from trainer.loop.samples import Sample
+from trainer.models.byte_model import ENDOFTEXT_ID, PRESETS, VOCAB_SIZE, build_model
 
 PAD_ID = ENDOFTEXT_ID
 EPS32 = torch.finfo(torch.float32).eps

@@ -9,7 +9,7 @@ An evaluation is JSON Lines, one prompt per line:
 - `target`: the answer expected.
 - `scorer` (default `exact`): `exact` 1.0 when the answer, stripped, equals the target, else 0.0;
   `contains` 1.0 when the target occurs in the answer; `copy4` the `rlgw demo` task's reward
-  (positional character accuracy with a length penalty, trainer/demo_task.py), in [0, 1].
+  (positional character accuracy with a length penalty, trainer/models/demo_task.py), in [0, 1].
 - `max_tokens` (default 16): the longest answer generated.
 Answers are generated greedily (temperature 0), so a version's score is reproducible. A version's
 score is the mean over the prompts. Blank lines and unknown fields are refused, with the line.
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainer import demo_task
+from trainer.models import demo_task
 
 DEFAULT_TASK_ITEMS = 32
 TASKS = (demo_task.TASK_NAME,)

@@ -26,9 +26,9 @@ from rlgw.db.models import PolicyVersion, PromotionGate, RegisteredModel
 from rlgw.governance.canary_metrics import canary_metrics
 from rlgw.settings import Settings
 
-from ..parity import ProbeScores
-from ..publish import Published, Publisher
-from ..rollback import carry_out_pending
+from ..backends.parity import ProbeScores
+from ..publishing.publish import Published, Publisher
+from ..publishing.rollback import carry_out_pending
 from .run_eval import GateError, GatewayEval
 from .verdicts import Verdict, Verdicts
 

@@ -17,10 +17,10 @@ from rlgw.db.models import PolicyVersion, RegisteredModel
 from rlgw.governance import audit
 from rlgw.governance.version_status import PROMOTED, REJECTED
 
-from ..parity import ProbeScores, reference_scores
-from ..publish import Published, Publisher
+from ..backends.parity import ProbeScores, reference_scores
+from ..publishing.publish import Published, Publisher
+from ..publishing.versions import materialize
 from ..swap.coordinator import SwapReport
-from ..versions import materialize
 from ..weight_update.stored import stored_update
 
 ACTOR = "gate"

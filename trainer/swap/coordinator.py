@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from rlgw import backend_state as bs
 from rlgw.db.models import Backend
 from rlgw.registry import version_label
-from trainer.parity import ProbeScores
-from trainer.vllm_control import ControlError, VllmControl
+from trainer.backends.parity import ProbeScores
+from trainer.backends.vllm_control import ControlError, VllmControl
 from trainer.weight_update.base import Staged, WeightsUnknown, WeightUpdate
 
 from .verification import (

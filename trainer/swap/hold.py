@@ -25,7 +25,7 @@ from sqlalchemy import and_, func, update
 
 from rlgw import backend_state as bs
 from rlgw.db.models import Backend
-from trainer.vllm_control import ControlError, VllmControl
+from trainer.backends.vllm_control import ControlError, VllmControl
 
 from .coordinator import SwapCoordinator
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.parity import ProbeScores
+from trainer.backends.parity import ProbeScores
 
 FULL_PRECISION = "float32"
 NOISE_FACTOR = 3.0

@@ -38,17 +38,17 @@ the new one; the gateway sends a LoRA model's traffic under its backend's served
 - **Files over HTTP** (done: `remote.py`, `RemoteDelta`/`RemoteFull(path, url, sha256, token)`,
   the file updates with another stage, for a backend on another host). `rlgw_stage_url` makes
   the worker read the trainer's path when that file is on its host with the version's sha256,
-  and otherwise download it from the trainer's version-file server (`trainer/version_files.py`:
-  a bearer token scoped to version files, never the admin key; Range, so a download resumes),
-  check its sha256 against `policy_versions.checksum` before reading a tensor, then prepare it
-  as `rlgw_stage` does; `Staged.note` says which delivery and why. Apply, commit and rollback are
-  the file ones, and the network time stays outside the pause. `RemoteLora(adapter_dir, model,
-  version, config=, weights=, token=)` does the same for a LoRA version: `rlgw_fetch_adapter`
-  gives the worker the trainer's folder when both files are on its host with their sha256s, and
-  otherwise downloads and verifies both (the weights against `policy_versions.checksum`, the
-  config against the sha256 the publisher took) into a folder of its own, which the stage then
-  loads with `/v1/load_lora_adapter`; apply, verify, commit and rollback are `LoraAdapter`'s.
-  The publisher offers updates this way when `RLGW_VERSION_FILES_BIND` is set
+  and otherwise download it from the trainer's version-file server
+  (`trainer/publishing/version_files.py`: a bearer token scoped to version files, never the admin
+  key; Range, so a download resumes), check its sha256 against `policy_versions.checksum` before
+  reading a tensor, then prepare it as `rlgw_stage` does; `Staged.note` says which delivery and why.
+  Apply, commit and rollback are the file ones, and the network time stays outside the pause.
+  `RemoteLora(adapter_dir, model, version, config=, weights=, token=)` does the same for a LoRA
+  version: `rlgw_fetch_adapter` gives the worker the trainer's folder when both files are on its
+  host with their sha256s, and otherwise downloads and verifies both (the weights against
+  `policy_versions.checksum`, the config against the sha256 the publisher took) into a folder of its
+  own, which the stage then loads with `/v1/load_lora_adapter`; apply, verify, commit and rollback
+  are `LoraAdapter`'s. The publisher offers updates this way when `RLGW_VERSION_FILES_BIND` is set
   (docs/deployment.md).
 - **vLLM's native weight-transfer engine**, implemented, EXPERIMENTAL (never run against a GPU
   vLLM server): `nccl.py` (`NcclTransfer`, `IpcTransfer`, kind "nccl"/"ipc", full weights, not
@@ -70,8 +70,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from trainer.parity import ProbeScores, served_scores
-from trainer.vllm_control import VllmControl
+from trainer.backends.parity import ProbeScores, served_scores
+from trainer.backends.vllm_control import VllmControl
 
 
 class WeightsUnknown(RuntimeError):

@@ -1,5 +1,5 @@
 """Weights as safetensors files in Hugging Face naming, read from a path by the worker extension
-(`trainer/vllm_worker.py`): a delta (theta_new - theta_parent) or full weights."""
+(`rlgw_vllm/extension.py`): a delta (theta_new - theta_parent) or full weights."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any, Self
 
 import torch
 
-from trainer.vllm_control import VllmControl
-from trainer.vllm_worker import validate_update
-from trainer.weights import apply_delta, load_full, read_update, write_update
+from rlgw.weight_files import validate_update
+from trainer.backends.vllm_control import VllmControl
+from trainer.models.weights import apply_delta, load_full, read_update, write_update
 
 from .base import Staged, WeightUpdate
 

@@ -28,11 +28,11 @@ import torch
 from safetensors.torch import load_file
 
 from rlgw.adapters import served_name
-from trainer.vllm_control import ControlError, VllmControl
+from trainer.backends.vllm_control import ControlError, VllmControl
 
 from .base import Staged, WeightUpdate
 
-# peft's names (trainer/fetch.py, inside the worker, names a downloaded adapter's files the same)
+# peft's names (rlgw_vllm/fetch.py, inside the worker, names a downloaded adapter's files the same)
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.vllm_worker import _checkpoint_shapes
+from rlgw.weight_files import checkpoint_shapes
 
 from .native_probe import METHODS, sending_device
 from .nccl import NATIVE_TRANSFERS, NativeTransfer
@@ -44,7 +44,7 @@ class NativeOffer:
     def _expected(self) -> dict[str, tuple[int, ...]]:
         if not self.checkpoint or not Path(self.checkpoint).is_dir():
             return {}
-        return _checkpoint_shapes(self.checkpoint)
+        return checkpoint_shapes(self.checkpoint)
 
     def close(self) -> None:
         self.links.close()

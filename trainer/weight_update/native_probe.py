@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from trainer.vllm_control import VllmControl
+from trainer.backends.vllm_control import VllmControl
 
 METHODS = ("nccl", "ipc")
 

@@ -34,8 +34,8 @@ from typing import ClassVar
 
 import torch
 
-from trainer.vllm_control import ControlError, VllmControl
-from trainer.vllm_worker import validate_update
+from rlgw.weight_files import validate_update
+from trainer.backends.vllm_control import ControlError, VllmControl
 
 from .base import Staged, WeightsUnknown, WeightUpdate
 from .packing import buckets, metadata, wire_tensors

@@ -2,10 +2,10 @@
 
 Only `stage` differs from the file updates: the worker (`rlgw_stage_url`) reads the file from
 the trainer's path when it is on its host with the version's sha256, and otherwise downloads it
-from the trainer's version-file server (`trainer/version_files.py`) with a bearer token scoped
-to version files, resuming a cut-off download, and checks the sha256 before it reads a tensor.
-The download runs in a thread of the worker while the trainer polls, so the server keeps serving
-during it and no control call waits for the network. Apply, commit and rollback are the file
+from the trainer's version-file server (`trainer/publishing/version_files.py`) with a bearer token
+scoped to version files, resuming a cut-off download, and checks the sha256 before it reads a
+tensor. The download runs in a thread of the worker while the trainer polls, so the server keeps
+serving during it and no control call waits for the network. Apply, commit and rollback are the file
 ones (the staged weights are in the worker's memory by then), so the network time is in the
 stage, outside the pause.
 
@@ -15,7 +15,7 @@ and otherwise download both (the weights checked against the version's recorded 
 config against the sha256 the publisher took when it offered the version) into a folder of the
 backend's own, then loads that folder with `/v1/load_lora_adapter`. Everything after the load
 is `LoraAdapter`'s. A downloaded folder is deleted once the server no longer lists its adapter
-and a newer one has arrived (`trainer/fetch.py`, `fetch_adapter`).
+and a newer one has arrived (`rlgw_vllm/fetch.py`, `fetch_adapter`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.vllm_control import ControlError, VllmControl
+from trainer.backends.vllm_control import ControlError, VllmControl
 
 from .base import Staged
 from .files import DeltaFile, FileUpdate, FullFile, wait_for_stage

@@ -17,7 +17,7 @@ import base64
 import pickle
 from typing import Any
 
-from trainer.vllm_control import VllmControl
+from trainer.backends.vllm_control import VllmControl
 
 PHASES = ("init", "start", "update", "finish", "shutdown")
 

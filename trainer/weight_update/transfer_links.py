@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import httpx
 import torch
 
-from trainer.vllm_control import ControlError, VllmControl
+from trainer.backends.vllm_control import ControlError, VllmControl
 
 from .base import WeightsUnknown
 from .native_probe import ServerInfo, probe, server_problems, trainer_problems

@@ -1,5 +1,0 @@
-"""`python -m rlgw.cli ...`: the same as the `rlgw` console script."""
-
-from .main import main
-
-main()

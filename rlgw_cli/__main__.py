@@ -1,0 +1,5 @@
+"""`python -m rlgw_cli ...`: the same as the `rlgw` console script."""
+
+from .main import main
+
+main()

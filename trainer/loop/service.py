@@ -1,0 +1,446 @@
+"""`rlgw train`: the online trainer. Claim rewarded sessions, update the policy, commit the new
+version with its ledger in one transaction, then push it to every backend through verified swaps.
+
+Crash safety: the transaction that records a version also marks its sessions consumed and writes
+the ledger, so an update either happened completely or not at all. A crash before it leaves the
+sessions claimed by a dead instance: the next trainer releases and re-trains them (from the last
+recorded version's weights). A crash after it leaves backends behind: the next trainer brings them
+to the current version with full weights before training. Versions are recorded and pushed by the
+publisher that `rlgw push` uses too (`trainer/publishing/publish.py`); a version published by
+someone else while this trainer trained makes its commit a VersionConflict: the sessions go back to
+the queue.
+
+Governance (docs/governance.md): before each update the trainer carries out the rollbacks asked
+for over the admin API and follows a moved head (a rollback, a rejected candidate) with that
+version's weights and, when kept, its AdamW moments; it claims only sessions whose tenant
+consents; and on a gated model the version it records is a candidate, judged by its gate
+(trainer/gate/) before it serves all traffic, while the trainer waits for the verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from rlgw import test_hooks
+from rlgw.db.models import AgentSession, Consumption
+from rlgw.governance.rollbacks import rolled_back_since
+from rlgw.placement import Placement
+from rlgw.settings import Settings
+from rlgw.trajectory import load_trajectory
+
+from ..backends.parity import reference_scores
+from ..config import TrainerConfig
+from ..errors import VersionConflict, database_errors
+from ..gate.governor import Governor
+from ..models.lora import with_adapter
+from ..models.weights import delta, state_dict
+from ..publishing.publish import Publisher, swap_metrics
+from ..publishing.versions import head_version, lineage, materialize, settle_mode
+from ..swap.coordinator import SwapReport
+from ..swap.hold import GenerationHold, NoHold
+from ..weight_update.files import DeltaFile, FullFile
+from ..weight_update.lora import LoraAdapter
+from . import collectives
+from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclaim
+from .device import slow_bf16_warning
+from .distributed import init_distributed, is_rank0
+from .optimizer_state import state_path
+from .policy import Policy
+from .samples import build_samples
+from .tracking import RunLog, rejected_outputs, version_scalars
+from .update import UpdateOutOfMemory
+
+NO_SIGNAL = "no learning signal: every advantage in the batch is zero (equal rewards)"
+
+
+@dataclass
+class StepReport:
+    version: int | None
+    sessions: int
+    samples: int
+    skipped: int
+    dropped: int
+    metrics: dict[str, Any]
+    swaps: list[SwapReport]
+
+
+class OnlineTrainer:
+    """The trainer of one model. Under torch.distributed every rank makes one, and rank 0 alone
+    touches the database and the backends: it claims sessions, records versions and the ledger,
+    and pushes; the other ranks take part in the update (FSDP2 shards) and nothing else."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine | None,
+        model_name: str,
+        config: TrainerConfig,
+        *,
+        placement: Placement | None = None,
+        wandb_project: str | None = None,
+        log=print,
+    ) -> None:
+        self.settings, self.engine, self.model_name, self.config = (
+            settings,
+            engine,
+            model_name,
+            config,
+        )
+        self.log = log
+        self.placement = placement or Placement()
+        torch.manual_seed(config.seed)
+        self.dist = init_distributed(config.device, settings.dist_timeout_s)
+        self.rank0 = is_rank0()
+        self.version, reference, base_path = 0, None, None
+        if self.rank0:
+            self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
+            with database_errors():
+                self.publisher = Publisher(settings, engine, model_name, log=log)  # UnknownModel
+                self.instance = TrainerInstance(engine)
+                with self.sessions() as db, db.begin():
+                    released = release_dead_claims(db)
+                    # LoRA or full weights: as the model's trained versions were made
+                    self.config = config = settle_mode(db, self.publisher.model, config)
+                self.version, reference = self.publisher.latest()
+            base_path = self.publisher.model.path
+            if released:
+                self.log(f"[train] released {released} session(s) claimed by a stopped trainer")
+        self.policy = Policy.for_rank(reference, base_path, config, self.dist)
+        self.config = config = self.policy.config  # rank 0's, on every rank
+        self.model = self.policy.reference  # rank 0: the current version's weights, fp32, CPU
+        self.optimizer_path = state_path(settings.home, model_name)
+        restored = self.policy.restore_moments(self.optimizer_path, self.version)
+        if not self.rank0:
+            return
+        self._remember_served()
+        where = f"{self.dist.device}, {config.dtype}, {self.dist.world_size} process(es)"
+        if self.policy.lora is not None:
+            lora = self.policy.lora
+            where += f", LoRA rank {lora.rank} alpha {lora.alpha:g} on {lora.targets or 'defaults'}"
+        self.log(f"[train] {restored}")
+        self.log(f"[train] config: {config.describe()}")
+        self.log(f"[train] {model_name}: starting from version {self.version} on {where}")
+        if warning := slow_bf16_warning(self.dist.device, config.dtype):
+            self.log(f"[train] warning: {warning}")
+        self.governor = Governor(settings, self.publisher, log=log)
+        self.run_log = RunLog(
+            settings.home / "runs" / model_name,
+            wandb_project=wandb_project,
+            config=config.as_dict(),
+            log=log,
+        )
+        with database_errors():
+            self.governor.recover()  # a candidate whose evaluation was cut off is rejected
+            self.sync_backends()
+
+    def _continue_from(self, version: int) -> None:
+        """Train on from `version` (a rollback moved the head, or the gate rejected a candidate):
+        its weights, rebuilt from the version files, and its AdamW moments when they were kept
+        (the state saved before the latest one: a rejected candidate's parent), else fresh ones.
+        The moments of the rejected or rolled-back updates are never carried over."""
+        with self.sessions() as db:
+            reference = materialize(db, self.publisher.model, version)
+        if self.policy.lora is not None:  # version 0 of a LoRA model: a new (zero) adapter
+            reference = with_adapter(reference, self.policy.lora)
+        self._tell("reload", version)
+        message = self.policy.reset_to(state_dict(reference), self.optimizer_path, version)
+        self.version = version
+        self._remember_served()
+        self.log(f"[train] {message}")
+        self.log(f"[train] {self.model_name}: continuing from version {version}")
+
+    def _remember_served(self) -> None:
+        """Keep the served weights, which the next delta is taken against (LoRA: unneeded, an
+        adapter is never a difference)."""
+        lora = self.policy.lora is not None
+        self.served = {} if lora else {k: v.clone() for k, v in state_dict(self.model).items()}
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.policy.optimizer
+
+    def close(self) -> None:
+        if self.rank0:
+            self.instance.close()
+            self.publisher.close()
+            self.run_log.close()
+
+    def _update_window(self) -> GenerationHold | NoHold:
+        """Where generation stands while this process updates: paused when colocated (it gets
+        the cores, or the device, to itself), running beside it otherwise."""
+        if not (self.rank0 and self.placement.pauses_generation):
+            return NoHold()
+        return GenerationHold(self.publisher.coordinator, self.publisher.model.id, log=self.log)
+
+    def sync_backends(self) -> list[SwapReport]:
+        """Bring backends that serve another version to the current one (full weights)."""
+        return self.publisher.sync(self.version, self.model)
+
+    # ------------------------------------------------------------------ one update
+    def _claim(self, now: datetime):
+        """Rank 0: the sessions of the next update and their samples; a StepReport instead when
+        what was claimed holds nothing trainable (the sessions are spent, with the reasons)."""
+        with self.sessions() as db, db.begin():
+            claim = claim_sessions(
+                db,
+                model=self.model_name,
+                instance_id=self.instance.id,
+                max_sessions=self.config.batch_sessions,
+                reward_deadline_s=self.settings.group_deadline_s,
+                now=now,
+                consent=self.settings.training_consent,
+            )
+            if 0 < len(claim.session_ids) < self.config.min_sessions:
+                unclaim(db, claim.session_ids)
+                claim.session_ids = []
+        if claim.dropped:
+            self.log(
+                f"[train] dropped {len(claim.dropped)} session(s): "
+                f"{next(iter(claim.dropped.values()))}"
+            )
+        if not claim.session_ids:
+            return None
+        with self.sessions() as db:
+            trajectories = [load_trajectory(db, sid, now) for sid in claim.session_ids]
+            depths = lineage(db, self.publisher.model.id, self.version)
+        samples, skips = build_samples(
+            [t for t in trajectories if t],
+            current_version=self.version,
+            config=self.config,
+            lineage=depths,
+        )
+        # Nothing trainable, or nothing to learn (every advantage zero: each group's members got
+        # the same reward, so the gradient is zero): no version; the sessions are spent, say why.
+        silent = bool(samples) and not any(s.advantage for s in samples)
+        if not samples or silent:
+            with self.sessions() as db, db.begin():
+                for sid in claim.session_ids:
+                    session = db.get(AgentSession, sid)
+                    session.status = "dropped"
+                    session.dropped_reason = (
+                        NO_SIGNAL
+                        if silent
+                        else "; ".join(sorted({s.reason for s in skips if s.session_id == sid}))
+                        or "no steps"
+                    )
+            if silent:
+                self.log(f"[train] {len(claim.session_ids)} session(s) dropped: {NO_SIGNAL}")
+            return StepReport(
+                None, len(claim.session_ids), 0, len(skips), len(claim.session_ids), {}, []
+            )
+        return claim, trajectories, samples, skips
+
+    def _tell(self, command: str, samples: list | None = None) -> None:
+        """Rank 0 tells the other ranks what this step is: train (with the samples), idle, stop."""
+        if self.dist.world_size > 1:
+            collectives.broadcast_object((command, samples))
+
+    def follow(self) -> bool:
+        """Ranks other than 0: take part in the step rank 0 announces; False once it stops."""
+        command, payload = collectives.broadcast_object(None)
+        if command == "train":
+            self.policy.update(payload)
+            self.policy.weights()
+            self.policy.gather_moments()  # rank 0 saves them once it has recorded the version
+        elif command == "reload":  # rank 0 moved to another version: its weights, its moments
+            self.policy.reset_to(None, self.optimizer_path, payload)
+        return command != "stop"
+
+    def step(self) -> StepReport | None:
+        """Rank 0: one update if enough data is eligible; None otherwise."""
+        if not self.governor.tick():  # rollbacks asked for; a canary still being judged
+            self._tell("idle")
+            return None
+        with self.sessions() as db:
+            head = head_version(db, self.publisher.model.id)
+        if head != self.version:  # a rollback, or a rejected candidate
+            self._continue_from(head)
+        t0 = time.perf_counter()
+        now = datetime.now(UTC)
+        claimed = self._claim(now)
+        if not isinstance(claimed, tuple):
+            self._tell("idle")
+            return claimed
+        claim, trajectories, samples, skips = claimed
+        self.governor.baseline(self.version)  # the promoted version's score, while it serves
+        with self._update_window() as window:
+            self._tell("train", samples)
+            before = reference_scores(self.model)
+            try:
+                metrics = self.policy.update(samples)
+            except UpdateOutOfMemory:
+                with self.sessions() as db, db.begin():
+                    unclaim(db, claim.session_ids)  # back to the queue, for a smaller setting
+                raise
+            weights = self.policy.weights()  # the reference (self.model) holds them now
+            moments = self.policy.gather_moments()  # the last collective of the step
+            returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
+            metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
+            metrics["train_s"] = time.perf_counter() - t0
+            test_hooks.crash_point("crash-before-commit")
+            test_hooks.commit_delay()
+
+            anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights: no drift
+            if self.policy.lora is not None:  # the whole adapter, saved from the reference
+                payload, kind = self.model, LoraAdapter
+            elif anchor:
+                payload, kind = weights, FullFile
+            else:
+                payload, kind = delta(weights, self.served), DeltaFile
+            try:
+                published = self.publisher.record(
+                    self.version,
+                    payload,
+                    kind,
+                    metrics={**metrics, "config": self.config.as_dict()},
+                    rows=lambda db, version: self._consume(
+                        db, version, samples, skips, claim.session_ids
+                    ),
+                )
+            except VersionConflict:
+                with self.sessions() as db, db.begin():
+                    unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
+                with self.sessions() as db:
+                    if not rolled_back_since(db, self.model_name, now):
+                        raise
+                self.log("[train] a rollback moved the model meanwhile: this update is dropped")
+                return None
+            metrics["bytes"] = published.update.nbytes
+            self.policy.save_moments(moments, self.optimizer_path, published.version)
+            test_hooks.crash_point("crash-after-commit")
+
+            self.version = published.version
+            self._remember_served()
+            window.wake()
+            swaps = self.publisher.push(published, self.model, reference_old=before)
+        if published.candidate:  # its gate judges it before it serves all traffic
+            verdict = self.governor.judge(published, self.model, before)
+            swaps += verdict.swaps
+            metrics["gate"] = verdict.outcome
+            if verdict.outcome != "canary" and verdict.head != self.version:  # rejected
+                self._continue_from(verdict.head)
+        if window.report is not None:
+            metrics["hold_s"] = window.report.held_s
+            metrics["hold_drain_s"] = window.report.drain_s
+        metrics.update(swap_metrics(swaps))
+        metrics["step_s"] = time.perf_counter() - t0
+        self.publisher.note(
+            published.version,
+            {
+                k: metrics[k]
+                for k in ("pause_s", "step_s", "swaps", "hold_s", "transfer_fallbacks")
+                if k in metrics
+            },
+        )
+        self.run_log.write(
+            published.version,
+            version_scalars(
+                version=published.version,
+                metrics=metrics,
+                samples=samples,
+                skips=skips,
+                outputs=rejected_outputs(trajectories, skips),
+                swaps=swaps,
+            ),
+        )
+        report = StepReport(
+            published.version,
+            len(claim.session_ids),
+            len(samples),
+            len(skips),
+            len(claim.dropped),
+            metrics,
+            swaps,
+        )
+        self.log(self._progress_line(report))
+        return report
+
+    def _consume(self, db: Session, version: int, samples, skips, session_ids: list[str]) -> None:
+        """The ledger and the consumed sessions, in the transaction that records `version`."""
+        now = datetime.now(UTC)
+        model_id = self.publisher.model.id
+        sessions = {sid: db.get(AgentSession, sid) for sid in session_ids}
+        tenant = {sid: s.tenant for sid, s in sessions.items()}  # provenance, kept after a purge
+        key = {sid: s.agent_key_id for sid, s in sessions.items()}
+        db.add_all(
+            Consumption(
+                model_id=model_id,
+                version=version,
+                session_id=s.session_id,
+                completion_id=s.completion_id,
+                tenant=tenant.get(s.session_id),
+                agent_key_id=key.get(s.session_id),
+                used=True,
+                tokens=len(s.output_ids),
+                advantage=s.advantage,
+            )
+            for s in samples
+        )
+        db.add_all(
+            Consumption(
+                model_id=model_id,
+                version=version,
+                session_id=s.session_id,
+                completion_id=s.completion_id,
+                tenant=tenant.get(s.session_id),
+                agent_key_id=key.get(s.session_id),
+                used=False,
+                reason=s.reason,
+            )
+            for s in skips
+        )
+        for session in sessions.values():
+            session.status, session.consumed_at = "consumed", now
+
+    @staticmethod
+    def _progress_line(r: StepReport) -> str:
+        m = r.metrics
+        outcomes = ",".join(s.outcome for s in r.swaps) or "no backends"
+        return (
+            f"[train] v{r.version:<4d} sessions {r.sessions:3d}  samples {r.samples:3d}  "
+            f"tokens {int(m.get('tokens', 0)):5d}  reward {m.get('reward_mean', 0):.3f}  "
+            f"loss {m.get('loss', 0):+.4f}  kl {m.get('kl_behave', 0):+.4f}  "
+            f"clip {m.get('clip_frac', 0):.2f}  pause {m.get('pause_s', 0):.3f}s  "
+            f"step {m.get('step_s', 0):.2f}s  [{outcomes}]"
+        )
+
+    # ------------------------------------------------------------------ the service
+    def run(
+        self,
+        *,
+        poll_s: float = 0.5,
+        max_versions: int | None = None,
+        stop_after_s: float | None = None,
+    ) -> None:
+        if not self.rank0:
+            while self.follow():
+                pass
+            return
+        started = time.monotonic()
+        made = 0
+        try:
+            while max_versions is None or made < max_versions:
+                if stop_after_s is not None and time.monotonic() - started > stop_after_s:
+                    return
+                with database_errors():
+                    report = self.step()
+                if report is None or report.version is None:
+                    time.sleep(poll_s)
+                    continue
+                made += 1
+        finally:
+            self.stop_followers()
+
+    def stop_followers(self) -> None:
+        """Rank 0: tell the other ranks that training is over (their `follow()` returns False);
+        `run` does it on its way out, however it ends."""
+        with contextlib.suppress(Exception):  # a rank already gone must not hide the cause
+            self._tell("stop")
