@@ -17,8 +17,8 @@ import httpx
 
 from rlgw.adapters import max_lora_rank
 from rlgw.placement import Placement, pinned_argv
-from rlgw.tool_parsers import AUTO, choose_tool_parser
 from rlgw.settings import Settings
+from rlgw.tool_parsers import AUTO, choose_tool_parser
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 PLATFORMS = ("cpu", "gpu")
