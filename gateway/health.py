@@ -59,8 +59,11 @@ async def healthz(request: Request, ctx: ContextDep, admin_key: PresentedAdminKe
         for b, err in zip(views, backend_errors, strict=True)
     ]
     serving = any(b["reachable"] and b["state"] == "active" for b in backends)
+    # `rlgw up`'s trainer and vLLM, when this gateway was started beside them
+    children = request.app.state.children() if request.app.state.children else None
     # Not following the registry: calls are served but recorded as not trainable (swap_doubt).
     healthy = serving and ctx.pool.following
+    healthy = healthy and all(c["running"] for c in (children or {}).values())
     status = "ok" if db_error is None and healthy else ("degraded" if db_error is None else "down")
     body = {
         "status": status,
@@ -78,4 +81,10 @@ async def healthz(request: Request, ctx: ContextDep, admin_key: PresentedAdminKe
         if _shows_addresses(ctx, admin_key)
         else [{k: v for k, v in b.items() if k not in ("url", "error")} for b in backends],
     }
+    if children is not None:  # log paths are the host's: only where addresses are shown
+        shown = _shows_addresses(ctx, admin_key)
+        body["children"] = {
+            name: {k: v for k, v in c.items() if shown or k != "log"}
+            for name, c in children.items()
+        }
     return JSONResponse(body, status_code=200 if db_error is None else 503)

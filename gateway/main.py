@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -54,12 +55,14 @@ def create_app(
     *,
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     fast_lanes: bool = True,
+    children: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """The gateway app. `upstream_transport` replaces the network to the backends (fault tests):
     generation then goes through an httpx client over it instead of the aiohttp one
     (gateway/proxy/upstream.py); it is not used by backend registration, which always checks and
     pins real addresses. `fast_lanes=False` leaves every generation request to its FastAPI route
-    (gateway/fast_lane.py; the lanes' tests compare the two)."""
+    (gateway/fast_lane.py; the lanes' tests compare the two). `children`: the processes started
+    beside this gateway (`rlgw up`'s trainer and vLLM) as /healthz reports them."""
     settings = settings or get_settings()
     if not settings.database_url:
         raise RuntimeError("RLGW_DATABASE_URL is not set (rlgw serve/up start one if needed)")
@@ -152,6 +155,7 @@ def create_app(
                 await engine.dispose()
 
     app = FastAPI(title="RL Gateway", version="0.1.0", lifespan=lifespan)
+    app.state.children = children
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(ReleaseSlots)
     install_metrics(app)  # after the other middleware: it times them too

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Update, func, select, text, update
+from sqlalchemy.orm import Session
 
 from rlgw.db.models import Backend
 
@@ -52,3 +53,10 @@ def model_notify_args(model_id: int) -> dict[str, str]:
 
 def backends_of(model_id: int):
     return select(Backend).where(Backend.model_id == model_id).order_by(Backend.id)
+
+
+def fail(db: Session, backend_id: int, reason: str) -> None:
+    """Take a backend out of routing with `reason` (its process died, say), and tell every
+    gateway replica, in the caller's transaction."""
+    db.execute(set_state(backend_id, FAILED, reason))
+    db.execute(NOTIFY, notify_args(backend_id))

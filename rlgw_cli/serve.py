@@ -8,6 +8,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -19,9 +20,12 @@ from .database import resolve_database_url
 from .output import CommandError, info
 
 
-def run_gateway(settings: Settings, *, workers: int = 1) -> None:
+def run_gateway(
+    settings: Settings, *, workers: int = 1, children: Callable[[], dict] | None = None
+) -> None:
     """Serve the gateway in the foreground; with `workers` > 1, as that many processes sharing
-    the port (uvicorn's supervisor) and the database."""
+    the port (uvicorn's supervisor) and the database. `children`: what /healthz reports of the
+    processes started beside it (one worker only)."""
     info(
         f"[rlgw] gateway on {settings.base_url}  (OpenAI base URL: {settings.base_url}/v1)"
         + (f"  [{workers} worker processes]" if workers > 1 else "")
@@ -36,7 +40,7 @@ def run_gateway(settings: Settings, *, workers: int = 1) -> None:
     if workers <= 1:
         from gateway.main import create_app
 
-        uvicorn.run(create_app(settings), **options)
+        uvicorn.run(create_app(settings, children=children), **options)
         return
     # Each worker is a fresh process that builds its settings from the environment.
     os.environ.update(worker_environment(settings))

@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from migrations.runner import upgrade
 from rlgw.backend_launcher import AUTO, start_backend, stop_backend, wait_healthy
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.placement import Placement, pinned_argv
 from rlgw.registry import register_backend
-from rlgw.settings import Settings
+from rlgw.settings import DEFAULT_ADMIN_KEY, Settings
 from rlgw.tool_parsers import choose_tool_parser
 
 from .database import resolve_database_url
@@ -29,6 +30,9 @@ from .models import (
 from .output import info
 from .placement import add_placement_flags, placement_argv, placement_from
 from .serve import run_gateway, settings_from
+from .supervisor import Supervisor
+
+EXAMPLE_PROMPT = "What is the capital of France?"
 
 
 def _banner(settings: Settings, model: str) -> str:
@@ -43,18 +47,30 @@ def _banner(settings: Settings, model: str) -> str:
     else:
         auth = "\n  auth is off (RLGW_AUTH=off): open loopback mode, no keys, no tenants\n"
         bearer = ""
+    if settings.admin_key == DEFAULT_ADMIN_KEY:
+        admin = f"""
+  admin endpoints (/admin/*, /metrics, /dashboard) take the admin key; on this loopback start it
+  is the public default "{DEFAULT_ADMIN_KEY}" (set RLGW_ADMIN_KEY to choose your own):
+
+    export RLGW_ADMIN_KEY={DEFAULT_ADMIN_KEY}
+"""
+    else:
+        admin = (
+            "\n  admin endpoints (/admin/*, /metrics, /dashboard) take the RLGW_ADMIN_KEY you set\n"
+        )
     return f"""
 [rlgw] ready. Point any OpenAI client at {base}/v1 (model "{model}").
-{auth}
+{auth}{admin}
     curl -s {base}/v1/chat/completions{bearer} -H 'Content-Type: application/json' -d \\
-      '{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 16}}'
+      '{{"model": "{model}", "max_tokens": 32,
+        "messages": [{{"role": "user", "content": "{EXAMPLE_PROMPT}"}}]}}'
 
   per-session base URL: {base}/sessions/<session-id>/v1
   stored record:        curl -H "Authorization: Bearer $RLGW_ADMIN_KEY" \\
                              {base}/admin/completions/<id>
-  health:               {base}/healthz
+  health:               {base}/healthz (the gateway, the database, the backend, the trainer)
   the trainer consumes closed, rewarded sessions and pushes new versions to the backend
-  (GET {base}/admin/versions with the admin key shows them)
+  (curl -H "Authorization: Bearer $RLGW_ADMIN_KEY" {base}/admin/versions lists them)
 """
 
 
@@ -112,25 +128,35 @@ def run_up(
         backend_url = f"http://127.0.0.1:{backend_port}"
         wait_healthy(backend_url, proc=backend)
         engine = make_sync_engine(url)
-        register_backend(
-            sync_session_factory(engine),
-            model,
-            backend_url,
-            model_path=str(model_dir),
-            allowlist=settings.backend_allowlist,
+        db = sync_session_factory(engine)
+        backend_id = register_backend(
+            db, model, backend_url, model_path=str(model_dir), allowlist=settings.backend_allowlist
         )
-        engine.dispose()
-        trainer = start_trainer(settings, model, placement, lora_argv(spec))
+        children = Supervisor(
+            start_trainer=lambda: start_trainer(settings, model, placement, lora_argv(spec)),
+            trainer_log=trainer_log_path(settings),
+            backend=backend,
+            backend_log=log_path,
+            backend_id=backend_id,
+            db=db,
+        )
+        children.start()
         info(_banner(settings, model))
         try:
-            run_gateway(settings)
+            run_gateway(settings, children=children.report)
         finally:
+            trainer = children.stop()
             info("[rlgw] stopping the trainer")
             stop_backend(trainer)
+            engine.dispose()
     finally:
         info("[rlgw] stopping vLLM")
         stop_backend(backend)
     return 0
+
+
+def trainer_log_path(settings: Settings) -> Path:
+    return settings.home / "logs" / "trainer.log"
 
 
 def start_trainer(
@@ -139,7 +165,7 @@ def start_trainer(
     """`rlgw train --model M` with this placement, in its own process group (pinned from birth
     when separated), logging under <home>/logs; told where the gateway listens (a promotion gate
     evaluates new versions through it)."""
-    log_path = settings.home / "logs" / "trainer.log"
+    log_path = trainer_log_path(settings)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     info(f"[rlgw] starting the trainer (log: {log_path})")
     with log_path.open("ab") as log:
