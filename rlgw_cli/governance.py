@@ -138,7 +138,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     engine = make_sync_engine(ready_database_url(settings))
     try:
         with trainer_errors(), Publisher(settings, engine, args.model, log=info) as publisher:
-            with publisher.sessions() as db, db.begin():
+            with publisher.db_sessions() as db, db.begin():
                 try:
                     event = rollbacks.request(
                         db, args.model, args.to, actor=audit.command_actor(), reason=args.reason

@@ -18,24 +18,7 @@ from rlgw.settings import Settings
 from .database import ready_database_url
 from .output import CommandError, info
 from .placement import add_placement_flags, placement_from
-
-# TrainerConfig fields settable from the command line, with their types.
-TRAIN_FLAGS: dict[str, type] = {
-    "lr": float,
-    "batch_sessions": int,
-    "min_sessions": int,
-    "max_staleness": int,
-    "anchor_every": int,
-    "minibatches": int,
-    "clip_eps": float,
-    "imp_weight_cap": float,
-    "seed": int,
-    "device": str,
-    "dtype": str,
-    "max_tokens_per_microbatch": int,
-    "lora_rank": int,
-    "lora_alpha": float,
-}
+from .trainer_flags import add_trainer_flags, trainer_overrides
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -47,11 +30,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.loop.service import OnlineTrainer
 
     settings = Settings()
-    given = {k: v for k in TRAIN_FLAGS if (v := getattr(args, k)) is not None}
-    if args.lora_targets:
-        given["lora_targets"] = tuple(args.lora_targets.split(","))
     try:
-        config = TrainerConfig(**given, gradient_checkpointing=args.gradient_checkpointing)
+        config = TrainerConfig(**trainer_overrides(args))
     except ValueError as exc:  # the config says what to set instead
         raise CommandError(str(exc), code=2) from None
     rank0 = os.environ.get("RANK", "0") == "0"  # the other ranks never open the database
@@ -152,32 +132,13 @@ def add_commands(add) -> None:
     p.add_argument("--model", required=True, help="registered model name")
     p.add_argument("--max-versions", type=int, default=None, help="stop after N versions")
     p.add_argument("--poll-s", type=float, default=0.5, help="wait between empty polls")
-    for flag, kind in TRAIN_FLAGS.items():
-        p.add_argument(
-            "--" + flag.replace("_", "-"),
-            type=kind,
-            default=None,
-            help=f"TrainerConfig.{flag} (see trainer/config.py)",
-        )
-    p.add_argument(
-        "--lora-targets",
-        default=None,
-        metavar="NAMES",
-        help="with --lora-rank: comma-separated module names to adapt, e.g. "
-        "q_proj,k_proj,v_proj,o_proj (default: peft's for the family: q_proj,v_proj for "
-        "Qwen2 and Llama)",
-    )
+    add_trainer_flags(p)
     p.add_argument(
         "--wandb",
         default=None,
         metavar="PROJECT",
         help="also log each version to this Weights & Biases project (needs `pip install "
         "wandb`); TensorBoard event files are always written under RLGW_HOME/runs/MODEL",
-    )
-    p.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="recompute activations in the backward pass: less memory, ~30%% more compute",
     )
     p.add_argument(
         "--nproc",

@@ -11,7 +11,7 @@ import torch
 from trainer.backends.parity import ProbeScores
 from trainer.backends.vllm_control import ControlError, VllmControl
 from trainer.swap.coordinator import SwapPlan
-from trainer.weight_update import FILE_KINDS, DeltaFile, FullFile, stored_update
+from trainer.weight_update import FILE_KINDS, DeltaFile, FullFile, file_update
 
 SCORES = ProbeScores((-1.0,), 0, -1.0)
 
@@ -43,8 +43,8 @@ def test_a_fallback_must_not_need_the_parent():
 
 def test_stored_versions_map_to_their_file_updates():
     assert {"delta": DeltaFile, "full": FullFile} == FILE_KINDS
-    assert isinstance(stored_update("delta", "p"), DeltaFile)
-    assert stored_update("full", "p").path == "p"
+    assert isinstance(file_update("delta", "p"), DeltaFile)
+    assert file_update("full", "p").path == "p"
 
 
 def test_a_file_update_writes_its_payload_and_says_how_big(tmp_path):

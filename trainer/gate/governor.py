@@ -40,13 +40,13 @@ class Governor:
         self, settings: Settings, publisher: Publisher, *, log: Callable[[str], None] = print
     ) -> None:
         self.settings, self.publisher, self.log = settings, publisher, log
-        self.sessions = publisher.sessions
+        self.db_sessions = publisher.db_sessions
         self.model_id, self.model_name = publisher.model.id, publisher.model.name
-        self.evaluator = GatewayEval(settings, self.sessions, self.model_name, log=log)
+        self.evaluator = GatewayEval(settings, self.db_sessions, self.model_name, log=log)
         self.verdicts = Verdicts(publisher, log=log)
 
     def _state(self) -> tuple[RegisteredModel, PromotionGate | None]:
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             return db.get(RegisteredModel, self.model_id), db.get(PromotionGate, self.model_id)
 
     def _row(self, db, version: int) -> PolicyVersion:
@@ -58,12 +58,12 @@ class Governor:
 
     # ------------------------------------------------------------------ scores
     def _score(self, version: int, digest: str) -> float | None:
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             report = self._row(db, version).gate_report or {}
         return report.get("scores", {}).get(digest)
 
     def _keep_score(self, version: int, digest: str, score: float) -> None:
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             row = self._row(db, version)
             report = dict(row.gate_report or {})
             report["scores"] = {**report.get("scores", {}), digest: score}
@@ -140,7 +140,7 @@ class Governor:
             )
         share = gate.canary_percent / 100 if gate.canary == "sessions" else 1 / len(in_service)
         started = datetime.now(UTC)
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             model = db.get(RegisteredModel, self.model_id, with_for_update=True)
             if model.candidate_version != version:
                 return Verdict(version, "superseded", model.current_version, "decided elsewhere")
@@ -161,7 +161,7 @@ class Governor:
         version, parent = model.candidate_version, model.current_version
         if gate is None:
             return self.verdicts.reject(version, {}, "the gate was cleared while its canary ran")
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             metrics = canary_metrics(db, model, self.settings.training_consent)
         assert metrics is not None
         report = {"canary_metrics": metrics.as_dict()}

@@ -64,14 +64,14 @@ class GatewayEval:
     def __init__(
         self,
         settings: Settings,
-        sessions: sessionmaker[Session],
+        db_sessions: sessionmaker[Session],
         model_name: str,
         *,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.base_url, self.sessions, self.model_name, self.log = (
+        self.base_url, self.db_sessions, self.model_name, self.log = (
             settings.base_url,
-            sessions,
+            db_sessions,
             model_name,
             log,
         )
@@ -79,7 +79,7 @@ class GatewayEval:
     def run(self, version: int, items: list[dict[str, Any]], *, eval_name: str) -> EvalResult:
         """Score `version` on `items`; raises GateError when it cannot be done faithfully."""
         tag = uuid.uuid4().hex[:12]
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             key_row, key = agent_keys.mint(db, GATE_TENANT, f"gate of {self.model_name}")
         result = EvalResult(version, 0.0)
         try:
@@ -98,7 +98,7 @@ class GatewayEval:
         except httpx.HTTPError as exc:
             raise GateError(f"the gateway at {self.base_url} could not be reached: {exc}") from exc
         finally:
-            with self.sessions() as db, db.begin():
+            with self.db_sessions() as db, db.begin():
                 agent_keys.revoke(db, key_row.id)
         self._check_served(result, version)
         result.score = sum(result.scores) / len(result.scores)
@@ -109,7 +109,7 @@ class GatewayEval:
         return result
 
     def _open(self, session_id: str, version: int, eval_name: str, index: int) -> None:
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             db.add(
                 AgentSession(
                     id=session_id,
@@ -147,7 +147,7 @@ class GatewayEval:
 
     def _check_served(self, result: EvalResult, version: int) -> None:
         """Every evaluation completion was served by `version` (the pin held)."""
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             served = set(
                 db.scalars(
                     select(Completion.policy_version).where(

@@ -44,7 +44,7 @@ class Verdicts:
 
     def __init__(self, publisher: Publisher, *, log: Callable[[str], None] = print) -> None:
         self.publisher, self.log = publisher, log
-        self.sessions = publisher.sessions
+        self.db_sessions = publisher.db_sessions
         self.model_id, self.model_name = publisher.model.id, publisher.model.name
 
     def _row(self, db, version: int) -> PolicyVersion:
@@ -55,13 +55,13 @@ class Verdicts:
         )
 
     def _current(self) -> int:
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             return db.get(RegisteredModel, self.model_id).current_version
 
     def decide(self, version: int, status: str, report: dict, reason: str) -> int | None:
         """Write the verdict; the parent version, or None when the candidate is no longer this
         one (a rollback decided it meanwhile)."""
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             model = db.get(RegisteredModel, self.model_id, with_for_update=True)
             if model.candidate_version != version:
                 return None
@@ -103,7 +103,7 @@ class Verdicts:
         if parent is None:
             return Verdict(version, "superseded", self._current(), reason)
         self.log(f"[gate] version {version} promoted: {reason}")
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             row = self._row(db, version)
             model = model or materialize(db, self.publisher.model, version)
             if reference_old is None:
@@ -128,6 +128,6 @@ class Verdicts:
         if parent is None:
             return Verdict(version, "superseded", head, reason)
         self.log(f"[gate] version {version} rejected: {reason}")
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             promoted = materialize(db, self.publisher.model, head)
         return Verdict(version, REJECTED, head, reason, self.publisher.sync(head, promoted))

@@ -30,7 +30,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from rlgw import test_hooks
-from rlgw.db.models import AgentSession, Consumption
+from rlgw.db.models import AgentSession
 from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
 from rlgw.settings import Settings
@@ -41,18 +41,18 @@ from ..config import TrainerConfig
 from ..errors import VersionConflict, database_errors
 from ..gate.governor import Governor
 from ..models.lora import with_adapter
-from ..models.weights import delta, state_dict
+from ..models.weights import state_dict
 from ..publishing.publish import Publisher, swap_metrics
 from ..publishing.versions import head_version, lineage, materialize, settle_mode
 from ..swap.coordinator import SwapReport
 from ..swap.hold import GenerationHold, NoHold
-from ..weight_update.files import DeltaFile, FullFile
-from ..weight_update.lora import LoraAdapter
 from . import collectives
-from .claims import TrainerInstance, claim_sessions, release_dead_claims, unclaim
+from .claims import Claim, TrainerInstance, claim_sessions, release_dead_claims, unclaim
 from .device import slow_bf16_warning
 from .distributed import init_distributed, is_rank0
+from .ledger import record_ledger
 from .optimizer_state import state_path
+from .payload import version_payload
 from .policy import Policy
 from .samples import build_samples
 from .tracking import RunLog, rejected_outputs, version_scalars
@@ -101,11 +101,11 @@ class OnlineTrainer:
         self.rank0 = is_rank0()
         self.version, reference, base_path = 0, None, None
         if self.rank0:
-            self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
+            self.db_sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
             with database_errors():
                 self.publisher = Publisher(settings, engine, model_name, log=log)  # UnknownModel
                 self.instance = TrainerInstance(engine)
-                with self.sessions() as db, db.begin():
+                with self.db_sessions() as db, db.begin():
                     released = release_dead_claims(db)
                     # LoRA or full weights: as the model's trained versions were made
                     self.config = config = settle_mode(db, self.publisher.model, config)
@@ -146,7 +146,7 @@ class OnlineTrainer:
         its weights, rebuilt from the version files, and its AdamW moments when they were kept
         (the state saved before the latest one: a rejected candidate's parent), else fresh ones.
         The moments of the rejected or rolled-back updates are never carried over."""
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             reference = materialize(db, self.publisher.model, version)
         if self.policy.lora is not None:  # version 0 of a LoRA model: a new (zero) adapter
             reference = with_adapter(reference, self.policy.lora)
@@ -188,7 +188,7 @@ class OnlineTrainer:
     def _claim(self, now: datetime):
         """Rank 0: the sessions of the next update and their samples; a StepReport instead when
         what was claimed holds nothing trainable (the sessions are spent, with the reasons)."""
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             claim = claim_sessions(
                 db,
                 model=self.model_name,
@@ -208,7 +208,7 @@ class OnlineTrainer:
             )
         if not claim.session_ids:
             return None
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             trajectories = [load_trajectory(db, sid, now) for sid in claim.session_ids]
             depths = lineage(db, self.publisher.model.id, self.version)
         samples, skips = build_samples(
@@ -221,7 +221,7 @@ class OnlineTrainer:
         # the same reward, so the gradient is zero): no version; the sessions are spent, say why.
         silent = bool(samples) and not any(s.advantage for s in samples)
         if not samples or silent:
-            with self.sessions() as db, db.begin():
+            with self.db_sessions() as db, db.begin():
                 for sid in claim.session_ids:
                     session = db.get(AgentSession, sid)
                     session.status = "dropped"
@@ -256,13 +256,15 @@ class OnlineTrainer:
 
     def step(self) -> StepReport | None:
         """Rank 0: one update if enough data is eligible; None otherwise."""
+        # governance: rollbacks asked for, a moved head
         if not self.governor.tick():  # rollbacks asked for; a canary still being judged
             self._tell("idle")
             return None
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             head = head_version(db, self.publisher.model.id)
         if head != self.version:  # a rollback, or a rejected candidate
             self._continue_from(head)
+        # claim sessions and build their samples
         t0 = time.perf_counter()
         now = datetime.now(UTC)
         claimed = self._claim(now)
@@ -272,12 +274,13 @@ class OnlineTrainer:
         claim, trajectories, samples, skips = claimed
         self.governor.baseline(self.version)  # the promoted version's score, while it serves
         with self._update_window() as window:
+            # update the policy (every rank)
             self._tell("train", samples)
             before = reference_scores(self.model)
             try:
                 metrics = self.policy.update(samples)
             except UpdateOutOfMemory:
-                with self.sessions() as db, db.begin():
+                with self.db_sessions() as db, db.begin():
                     unclaim(db, claim.session_ids)  # back to the queue, for a smaller setting
                 raise
             weights = self.policy.weights()  # the reference (self.model) holds them now
@@ -288,27 +291,29 @@ class OnlineTrainer:
             test_hooks.crash_point("crash-before-commit")
             test_hooks.commit_delay()
 
-            anchor = (self.version + 1) % self.config.anchor_every == 0  # full weights: no drift
-            if self.policy.lora is not None:  # the whole adapter, saved from the reference
-                payload, kind = self.model, LoraAdapter
-            elif anchor:
-                payload, kind = weights, FullFile
-            else:
-                payload, kind = delta(weights, self.served), DeltaFile
+            # record the version and its ledger in one transaction
+            payload, kind = version_payload(
+                self.policy.lora is not None,
+                self.model,
+                weights,
+                self.served,
+                self.version + 1,
+                self.config.anchor_every,
+            )
             try:
                 published = self.publisher.record(
                     self.version,
                     payload,
                     kind,
                     metrics={**metrics, "config": self.config.as_dict()},
-                    rows=lambda db, version: self._consume(
-                        db, version, samples, skips, claim.session_ids
+                    rows=lambda db, version: record_ledger(
+                        db, self.publisher.model.id, version, samples, skips, claim.session_ids
                     ),
                 )
             except VersionConflict:
-                with self.sessions() as db, db.begin():
+                with self.db_sessions() as db, db.begin():
                     unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
-                with self.sessions() as db:
+                with self.db_sessions() as db:
                     if not rolled_back_since(db, self.model_name, now):
                         raise
                 self.log("[train] a rollback moved the model meanwhile: this update is dropped")
@@ -317,11 +322,13 @@ class OnlineTrainer:
             self.policy.save_moments(moments, self.optimizer_path, published.version)
             test_hooks.crash_point("crash-after-commit")
 
+            # push it to every backend
             self.version = published.version
             self._remember_served()
             window.wake()
             swaps = self.publisher.push(published, self.model, reference_old=before)
-        if published.candidate:  # its gate judges it before it serves all traffic
+        # a gated model: the gate judges the candidate before it serves all traffic
+        if published.candidate:
             verdict = self.governor.judge(published, self.model, before)
             swaps += verdict.swaps
             metrics["gate"] = verdict.outcome
@@ -330,10 +337,24 @@ class OnlineTrainer:
         if window.report is not None:
             metrics["hold_s"] = window.report.held_s
             metrics["hold_drain_s"] = window.report.drain_s
+        # report
         metrics.update(swap_metrics(swaps))
         metrics["step_s"] = time.perf_counter() - t0
+        return self._report(published.version, metrics, claim, trajectories, samples, skips, swaps)
+
+    def _report(
+        self,
+        version: int,
+        metrics: dict[str, Any],
+        claim: Claim,
+        trajectories: list,
+        samples: list,
+        skips: list,
+        swaps: list[SwapReport],
+    ) -> StepReport:
+        """Note the version's timings on its row, write its run log, print its progress line."""
         self.publisher.note(
-            published.version,
+            version,
             {
                 k: metrics[k]
                 for k in ("pause_s", "step_s", "swaps", "hold_s", "transfer_fallbacks")
@@ -341,9 +362,9 @@ class OnlineTrainer:
             },
         )
         self.run_log.write(
-            published.version,
+            version,
             version_scalars(
-                version=published.version,
+                version=version,
                 metrics=metrics,
                 samples=samples,
                 skips=skips,
@@ -352,7 +373,7 @@ class OnlineTrainer:
             ),
         )
         report = StepReport(
-            published.version,
+            version,
             len(claim.session_ids),
             len(samples),
             len(skips),
@@ -362,43 +383,6 @@ class OnlineTrainer:
         )
         self.log(self._progress_line(report))
         return report
-
-    def _consume(self, db: Session, version: int, samples, skips, session_ids: list[str]) -> None:
-        """The ledger and the consumed sessions, in the transaction that records `version`."""
-        now = datetime.now(UTC)
-        model_id = self.publisher.model.id
-        sessions = {sid: db.get(AgentSession, sid) for sid in session_ids}
-        tenant = {sid: s.tenant for sid, s in sessions.items()}  # provenance, kept after a purge
-        key = {sid: s.agent_key_id for sid, s in sessions.items()}
-        db.add_all(
-            Consumption(
-                model_id=model_id,
-                version=version,
-                session_id=s.session_id,
-                completion_id=s.completion_id,
-                tenant=tenant.get(s.session_id),
-                agent_key_id=key.get(s.session_id),
-                used=True,
-                tokens=len(s.output_ids),
-                advantage=s.advantage,
-            )
-            for s in samples
-        )
-        db.add_all(
-            Consumption(
-                model_id=model_id,
-                version=version,
-                session_id=s.session_id,
-                completion_id=s.completion_id,
-                tenant=tenant.get(s.session_id),
-                agent_key_id=key.get(s.session_id),
-                used=False,
-                reason=s.reason,
-            )
-            for s in skips
-        )
-        for session in sessions.values():
-            session.status, session.consumed_at = "consumed", now
 
     @staticmethod
     def _progress_line(r: StepReport) -> str:

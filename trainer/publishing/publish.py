@@ -89,8 +89,8 @@ class Publisher:
         log: Callable[[str], None] = print,
     ) -> None:
         self.home = settings.home
-        self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
-        with self.sessions() as db:
+        self.db_sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
+        with self.db_sessions() as db:
             model = db.scalar(select(RegisteredModel).where(RegisteredModel.name == model_name))
         if model is None:
             raise UnknownModel(model_name)
@@ -146,13 +146,13 @@ class Publisher:
     # ------------------------------------------------------------------ versions
     def latest(self) -> tuple[int, torch.nn.Module]:
         """The promoted version and its reference model (what the next version is built on)."""
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             version = head_version(db, self.model.id)
             return version, materialize(db, self.model, version)
 
     def gated(self) -> bool:
         """Whether the model has a promotion gate."""
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             return db.get(PromotionGate, self.model.id) is not None
 
     def record(
@@ -170,7 +170,7 @@ class Publisher:
         transaction (`rows(db, version)` adds the caller's rows to it: the trainer's ledger).
         Raises VersionConflict when `parent` is no longer the current version, or a candidate
         is being judged."""
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             # The model's row lock orders publishers: the payload is written under it, so two
             # of them never write the same version's file.
             model = db.get(RegisteredModel, self.model.id, with_for_update=True)
@@ -202,7 +202,7 @@ class Publisher:
 
     def note(self, version: int, metrics: dict[str, Any]) -> None:
         """Add measurements (pause, swap outcomes) to a recorded version's metrics."""
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             row = db.scalar(self._row(version))
             row.metrics = {**row.metrics, **metrics}
 
@@ -293,7 +293,7 @@ class Publisher:
         return self._probe_refs[version]
 
     def _reference(self, version: int) -> torch.nn.Module:
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             return materialize(db, self.model, version)
 
     def offered(self, update: WeightUpdate, version: int) -> WeightUpdate:
@@ -309,7 +309,7 @@ class Publisher:
             return update
         if path != version_file(self.home, self.model.name, version, kind):
             return update  # not a stored version file: the server does not serve it
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             row = db.scalar(self._row(version))
         recorded = row.checksum if row is not None and row.weights_path == str(path) else None
         url = functools.partial(version_url, self.source.base_url, self.model.name, version)
@@ -331,7 +331,7 @@ class Publisher:
 
     def _behind(self, version: int) -> list:
         """Backends serving another version than `version`, but for a candidate being judged."""
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             candidate = db.get(RegisteredModel, self.model.id).candidate_version
             return [
                 b
@@ -342,7 +342,7 @@ class Publisher:
     def _full(self, version: int, model: torch.nn.Module) -> WeightUpdate:
         """What installs `version` from any version: its own payload when that is not relative
         (full weights, a LoRA adapter), else an anchor file of its full weights."""
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             row = db.scalar(self._row(version))
         if row is not None and row.kind != BASE_KIND:
             own = stored_update(row.kind, row.weights_path, self.model.name, version)

@@ -77,7 +77,7 @@ def carry_out(
     publisher: Publisher, request_id: int, *, log: Callable[[str], None] = print
 ) -> RollbackOutcome | None:
     """Carry out a pending rollback request; None when it is not pending (someone else took it)."""
-    with publisher.sessions() as db, db.begin():
+    with publisher.db_sessions() as db, db.begin():
         event = db.get(AuditEvent, request_id, with_for_update=True)
         if event is None or event.state != rollbacks.PENDING:
             return None
@@ -91,10 +91,10 @@ def carry_out(
         log(f"[rollback] request {request_id} refused: {refused}")
         return RollbackOutcome(request_id, old, target, rollbacks.FAILED, refused)
     log(f"[rollback] {publisher.model.name}: version {old} -> {target} (request {request_id})")
-    with publisher.sessions() as db:
+    with publisher.db_sessions() as db:
         reference = materialize(db, publisher.model, target)
     swaps = publisher.sync(target, reference)
-    with publisher.sessions() as db, db.begin():
+    with publisher.db_sessions() as db, db.begin():
         event = db.get(AuditEvent, request_id)
         event.state, event.finished_at = rollbacks.DONE, datetime.now(UTC)
         event.detail = {
@@ -108,7 +108,7 @@ def carry_out_pending(
     publisher: Publisher, *, log: Callable[[str], None] = print
 ) -> list[RollbackOutcome]:
     """Every rollback of the model asked for over the admin API and not carried out yet."""
-    with publisher.sessions() as db:
+    with publisher.db_sessions() as db:
         ids = [e.id for e in rollbacks.pending(db, publisher.model.name)]
     outcomes = [carry_out(publisher, i, log=log) for i in ids]
     return [o for o in outcomes if o is not None]

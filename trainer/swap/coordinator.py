@@ -134,7 +134,7 @@ class SwapCoordinator:
         log: Callable[[str], None] = print,
     ) -> None:
         self.engine = engine
-        self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
+        self.db_sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
         self.drain_timeout_s = drain_timeout_s
         self.parity_tolerance = parity_tolerance
         self.http = http or httpx.Client(timeout=CONTROL_TIMEOUT_S)
@@ -143,12 +143,12 @@ class SwapCoordinator:
 
     # ---------------------------------------------------------------- registry
     def set_state(self, backend_id: int, state: str, reason: str | None = None, **kw) -> None:
-        with self.sessions() as db, db.begin():
+        with self.db_sessions() as db, db.begin():
             db.execute(bs.set_state(backend_id, state, reason, **kw))
             db.execute(bs.NOTIFY, bs.notify_args(backend_id))
 
     def backends(self, model_id: int) -> list[Backend]:
-        with self.sessions() as db:
+        with self.db_sessions() as db:
             return list(db.scalars(bs.backends_of(model_id)))
 
     # ---------------------------------------------------------------- protocol

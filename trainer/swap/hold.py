@@ -119,7 +119,7 @@ class GenerationHold:
     def __exit__(self, *exc: object) -> None:
         self.wake()  # an update that failed still gives the backends back
         if self._urls:
-            with self.coordinator.sessions() as db, db.begin():
+            with self.coordinator.db_sessions() as db, db.begin():
                 released = db.scalars(
                     update(Backend)
                     .where(

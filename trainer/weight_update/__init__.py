@@ -1,9 +1,9 @@
 """How a policy version's weights reach a backend: one interface (`base.py`) and its methods."""
 
 from .base import Staged, WeightUpdate
-from .files import FILE_KINDS, DeltaFile, FileUpdate, FullFile, stored_update
+from .files import FILE_KINDS, DeltaFile, FileUpdate, FullFile, file_update
 from .lora import LoraAdapter
-from .stored import STORED_KINDS
+from .stored import STORED_KINDS, stored_update
 
 __all__ = [
     "FILE_KINDS",
@@ -14,5 +14,6 @@ __all__ = [
     "STORED_KINDS",
     "Staged",
     "WeightUpdate",
+    "file_update",
     "stored_update",
 ]

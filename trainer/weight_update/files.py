@@ -117,6 +117,7 @@ class FullFile(FileUpdate):
 FILE_KINDS: dict[str, type[FileUpdate]] = {cls.kind: cls for cls in (DeltaFile, FullFile)}
 
 
-def stored_update(kind: str, path: str | Path) -> FileUpdate:
-    """The update of a stored version file (`policy_versions.kind`, `.weights_path`)."""
+def file_update(kind: str, path: str | Path) -> FileUpdate:
+    """The update of a stored version file (`policy_versions.kind`, `.weights_path`); any stored
+    version, a LoRA adapter's too: `stored.stored_update`."""
     return FILE_KINDS[kind](path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import WeightUpdate
-from .files import FILE_KINDS
+from .files import FILE_KINDS, file_update
 from .lora import LoraAdapter
 
 STORED_KINDS: dict[str, type[WeightUpdate]] = {**FILE_KINDS, LoraAdapter.kind: LoraAdapter}
@@ -15,4 +15,4 @@ def stored_update(kind: str, path: str | Path, model_name: str, version: int) ->
     """The update that installs `version` of `model_name` from its stored payload."""
     if kind == LoraAdapter.kind:
         return LoraAdapter(path, model_name, version)
-    return FILE_KINDS[kind](path)
+    return file_update(kind, path)
