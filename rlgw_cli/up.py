@@ -31,6 +31,11 @@ from .output import info
 from .placement import add_placement_flags, placement_argv, placement_from
 from .serve import run_gateway, settings_from
 from .supervisor import Supervisor
+from .trainer_flags import add_trainer_flags, trainer_argv
+
+# `rlgw up`'s own flags of the same names: the served dtype, the preset's seed, the LoRA mode
+# (passed on to the trainer by lora_argv). A --trainer-config file still sets the trainer's.
+UP_OWN_FLAGS = ("dtype", "seed", "lora_rank", "lora_alpha", "lora_targets")
 
 EXAMPLE_PROMPT = "What is the capital of France?"
 
@@ -92,10 +97,12 @@ def run_up(
     tool_call_parser: str | None = AUTO,
     placement: Placement | None = None,
     lora: argparse.Namespace | None = None,
+    trainer_args: list[str] | None = None,
 ) -> int:
     """`model_dir` (the user's checkpoint) or else a preset; the backend serves it in `dtype`
     (default: float32 on the CPU, bfloat16 on a GPU); `placement` says where the backend and
-    the trainer run (rlgw/placement.py); `lora` (the --lora-* flags) trains adapters."""
+    the trainer run (rlgw/placement.py); `lora` (the --lora-* flags) trains adapters;
+    `trainer_args`: the trainer options given (`--trainer-config`, `--lr`, ...), passed on."""
     placement = placement or Placement()
     _exit_on_sigterm()
     if model_dir is not None:
@@ -133,7 +140,9 @@ def run_up(
             db, model, backend_url, model_path=str(model_dir), allowlist=settings.backend_allowlist
         )
         children = Supervisor(
-            start_trainer=lambda: start_trainer(settings, model, placement, lora_argv(spec)),
+            start_trainer=lambda: start_trainer(
+                settings, model, placement, lora_argv(spec) + (trainer_args or [])
+            ),
             trainer_log=trainer_log_path(settings),
             backend=backend,
             backend_log=log_path,
@@ -196,6 +205,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         tool_call_parser=tool_parser_arg(args.tool_call_parser),
         placement=placement_from(args),
         lora=args,
+        trainer_args=trainer_argv(args, skip=UP_OWN_FLAGS),
     )
 
 
@@ -224,3 +234,4 @@ def add_commands(add) -> None:
     add_model_flags(p)
     add_placement_flags(p)
     add_lora_flags(p)
+    add_trainer_flags(p, skip=UP_OWN_FLAGS)

@@ -28,6 +28,7 @@ MODEL = "tiny-seed0"
 
 @dataclass
 class Up:
+    placement: str
     url: str
     log: Path
     admin: httpx.Client
@@ -82,6 +83,9 @@ def up(request, make_database, tmp_path_factory) -> Iterator[Up]:
     )
     argv = [str(RLGW), "up", "--preset", "tiny", "--placement", placement]
     argv += ["--port", str(port), "--backend-port", str(free_port())]
+    if placement == "colocated":  # trainer options reach the trainer, from a file and flags
+        (home / "trainer.toml").write_text("lr = 2e-5\nbatch_sessions = 16\n")
+        argv += ["--trainer-config", str(home / "trainer.toml"), "--batch-sessions", "8"]
     log = home / "rlgw-up.log"
     proc = start_server(
         argv, env=env, log_path=log, ready_url=f"http://127.0.0.1:{port}/healthz",
@@ -90,7 +94,7 @@ def up(request, make_database, tmp_path_factory) -> Iterator[Up]:
     url = f"http://127.0.0.1:{port}"
     admin = httpx.Client(base_url=url, headers={"X-Admin-Key": ADMIN_KEY}, timeout=120)
     try:
-        yield Up(url, log, admin)
+        yield Up(placement, url, log, admin)
     finally:
         admin.close()
         stop_group(proc, timeout_s=60)
@@ -100,7 +104,9 @@ def test_rewarded_traffic_trains_a_version_that_the_backend_serves(up: Up) -> No
     up.group()
     wait_for("version 1 served", lambda: (up.served_version() or 0) >= 1, 420, up.log)
     versions = up.admin.get("/admin/versions").json()
-    assert versions[-1]["version"] >= 1 and versions[-1]["metrics"]["config"]["lr"] == 1e-5
+    config = versions[-1]["metrics"]["config"]
+    assert versions[-1]["version"] >= 1 and config["batch_sessions"] == 8
+    assert config["lr"] == (2e-5 if up.placement == "colocated" else 1e-5)  # else the default
     children = up.health()["children"]
     assert children["trainer"]["running"] and children["vllm"]["running"]
     assert children["trainer"]["restarts"] == 0

@@ -1,0 +1,66 @@
+"""The trainer's options are set the same way for `rlgw train`, `rlgw up` and `rlgw demo`: one
+flag per TrainerConfig field, and a TOML file; the flags win over the file."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from rlgw_cli.trainer_flags import add_trainer_flags, trainer_argv, trainer_overrides
+from trainer.config import TrainerConfig
+
+
+def parse(argv: list[str], skip: tuple[str, ...] = ()) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_trainer_flags(parser, skip=skip)
+    return parser.parse_args(argv)
+
+
+def test_every_config_field_is_a_flag() -> None:
+    args = parse([])
+    assert {f.name for f in dataclasses.fields(TrainerConfig)} <= set(vars(args))
+
+
+def test_the_file_sets_options_and_the_flags_win(tmp_path) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text(
+        'lr = 2e-5\nbatch_sessions = 16\nbetas = [0.9, 0.95]\nimp_weight_mode = "mask"\n'
+    )
+    given = trainer_overrides(parse(["--trainer-config", str(path), "--lr", "3e-5"]))
+    assert given == {
+        "lr": 3e-5,
+        "batch_sessions": 16,
+        "betas": (0.9, 0.95),
+        "imp_weight_mode": "mask",
+    }
+    assert TrainerConfig(**given).learning_rate == 3e-5
+
+
+def test_an_unknown_option_in_the_file_is_named(tmp_path) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text("learning_rate = 1e-5\n")
+    with pytest.raises(ValueError, match="unknown option\\(s\\) learning_rate"):
+        trainer_overrides(parse(["--trainer-config", str(path)]))
+
+
+def test_a_command_passes_its_trainer_options_on_to_a_child_trainer(tmp_path) -> None:
+    """`rlgw up` hands the trainer flags it was given to the `rlgw train` it starts."""
+    path = tmp_path / "trainer.toml"
+    path.write_text("batch_sessions = 4\n")
+    skip = ("dtype", "seed")
+    args = parse(["--trainer-config", str(path), "--lr", "2e-5", "--betas", "0.9", "0.95",
+                  "--gradient-checkpointing"], skip=skip)  # fmt: skip
+    child = parse(trainer_argv(args, skip=skip))
+    assert (
+        trainer_overrides(child)
+        == trainer_overrides(args)
+        == {
+            "batch_sessions": 4,
+            "lr": 2e-5,
+            "betas": (0.9, 0.95),
+            "gradient_checkpointing": True,
+        }
+    )
+    assert not hasattr(args, "dtype")  # the command's own --dtype means something else
