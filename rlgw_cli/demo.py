@@ -1,8 +1,14 @@
 """`rlgw demo`: agents learn a task online through the gateway, and the reward curve shows it.
 
-Everything is real: an embedded (or configured) Postgres, a vLLM CPU backend serving a warm-started
-model, the gateway in this process, agent workers that use the official `openai` client on their
-session base URL and post rewards over REST, and the online trainer pushing verified swaps.
+Everything is real: an embedded (or configured) Postgres, a vLLM CPU backend serving the model,
+the gateway in this process, agent workers that use the official `openai` client on their
+session base URL at temperature 1 and post rewards over REST, and the online trainer (its default
+configuration, or the trainer options given) pushing verified swaps.
+
+The model: the real default (SmolLM2-135M-Instruct) on small-number addition
+(trainer/models/arithmetic_task.py: greedy answers mostly right, samples at temperature 1 mostly
+wrong), or `--preset tiny`: a random 90k-parameter model warm-started to copy four letters
+(trainer/models/demo_task.py), as before.
 
 --placement shared (default): agents keep generating while the trainer trains and swaps
 --placement separated: the same, with vLLM and the trainer on disjoint cores
@@ -31,9 +37,14 @@ from rlgw.registry import register_backend
 from rlgw.settings import Settings
 
 from .database import resolve_database_url
-from .output import info
+from .models import DEFAULT_MODEL
+from .output import CommandError, info
 from .placement import add_placement_flags, placement_from
 from .serve import GatewayThread
+from .trainer_flags import add_trainer_flags, trainer_overrides
+
+TINY_PRESET = "tiny"  # the warm-started copy task: its own learning rate and batch
+TINY_TRAINER = {"lr": 2e-3, "batch_sessions": 32, "min_sessions": 32}
 
 
 @dataclass
@@ -41,14 +52,14 @@ class DemoOptions:
     seed: int = 0
     minutes: float = 10.0
     placement: Placement = field(default_factory=Placement)
+    preset: str = DEFAULT_MODEL  # or TINY_PRESET
     group_size: int = 8  # samples per training prompt (one session each, one GRPO group)
-    groups_per_update: int = 4  # groups the trainer takes per update
     agents: int = 4  # concurrent agent workers (each plays one group at a time)
-    eval_prompts: int = 64
-    eval_samples: int = 2
-    eval_every_s: float = 30.0
+    eval_prompts: int = 25  # the real task's held-out split has 25 pairs
+    eval_samples: int = 4  # samples per held-out prompt at each evaluation
+    eval_every_s: float = 120.0
     concurrency: int = 24  # sessions in flight at once (agents and evaluation together)
-    lr: float = 2e-3
+    trainer: dict = field(default_factory=dict)  # TrainerConfig fields given (flags, file)
     out_dir: Path = Path("demo-results")
     backend_port: int | None = None
     gateway_port: int | None = None
@@ -67,9 +78,11 @@ class DemoRun:
     """One demo run: its backend, gateway, trainer, agents and evaluator."""
 
     def __init__(self, settings: Settings, options: DemoOptions) -> None:
-        from trainer.models import demo_task
+        from trainer.models import arithmetic_task, demo_task
 
-        self.settings, self.options, self.task = settings, options, demo_task
+        tiny = options.preset == TINY_PRESET
+        self.settings, self.options = settings, options
+        self.task = demo_task if tiny else arithmetic_task
         mode = options.placement.kind
         self.model_name = f"demo-s{options.seed}-{mode}-{uuid.uuid4().hex[:6]}"
         self.curve = Curve()
@@ -80,9 +93,15 @@ class DemoRun:
 
     # ------------------------------------------------------------------ setup
     def model_dir(self) -> Path:
-        """The warm-started policy for this seed (created once, then reused)."""
+        """The real default model (a link to the shared cache), or the tiny preset's
+        warm-started policy for this seed (created once, then reused)."""
         from trainer.models.warm_start import init_demo_model
 
+        if self.options.preset != TINY_PRESET:
+            from trainer.models.pretrained import PRETRAINED, install_pretrained
+
+            link = self.settings.home / "models" / self.options.preset
+            return install_pretrained(link, PRETRAINED[self.options.preset], log=info)
         path = self.settings.home / "models" / f"demo-seed{self.options.seed}"
         if not (path / "rlgw_model.json").exists() or not (path / "config.json").exists():
             info(f"[demo] warm-starting the policy for seed {self.options.seed}")
@@ -187,8 +206,9 @@ class DemoRun:
                 f"http://127.0.0.1:{port}",
                 model_path=str(model_dir),
             )
-            batch = o.groups_per_update * o.group_size
-            config = TrainerConfig(batch_sessions=batch, min_sessions=batch, lr=o.lr, seed=o.seed)
+            given = {**(TINY_TRAINER if o.preset == TINY_PRESET else {}), **o.trainer}
+            config = TrainerConfig(**{"seed": o.seed, **given})
+            info(f"[demo] trainer config: {config.describe()}")
             app = create_app(self.gateway_settings())
             with GatewayThread(app, o.gateway_port or free_port()) as gateway:
                 trainer = OnlineTrainer(
@@ -333,8 +353,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         import torch  # here for start-up time
 
         torch.set_num_threads(threads)  # the trainer's share; vLLM is pinned to the others
+    try:
+        trainer = trainer_overrides(args)
+    except ValueError as exc:
+        raise CommandError(str(exc), code=2) from None
     options = DemoOptions(
-        seed=args.seed, minutes=args.minutes, placement=placement, out_dir=Path(args.out)
+        seed=args.seed,
+        minutes=args.minutes,
+        placement=placement,
+        preset=args.preset,
+        trainer=trainer,
+        out_dir=Path(args.out),
     )
     summary = run_demo(Settings(), options)
     return 0 if summary["gain"] > 0 else 1
@@ -347,5 +376,13 @@ def add_commands(add) -> None:
     p.add_argument(
         "--sync", action="store_true", help="the same as --placement colocated (older name)"
     )
+    p.add_argument(
+        "--preset",
+        default=DEFAULT_MODEL,
+        choices=[DEFAULT_MODEL, TINY_PRESET],
+        help=f"{DEFAULT_MODEL} (default: the real model learns small-number addition) or tiny "
+        "(a random 90k-parameter model warm-started to copy four letters)",
+    )
     add_placement_flags(p)
+    add_trainer_flags(p, skip=("seed",))  # the demo's --seed seeds the trainer too
     p.add_argument("--out", default="demo-results", help="where the JSON and PNG go")
