@@ -294,7 +294,7 @@ class DemoRun:
             "groups_generated": self.generated,
             **self.trainer_throughput(),
             "curve": points,
-            "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(o).items()},
+            "options": {k: _plain(v) for k, v in vars(o).items()},
         }
         o.out_dir.mkdir(parents=True, exist_ok=True)
         stem = o.out_dir / f"demo-{summary['mode']}-seed{o.seed}"
@@ -310,6 +310,15 @@ class DemoRun:
             flush=True,
         )
         return summary
+
+
+def _plain(value):
+    """An option as JSON has it: a path as text, a placement as its description."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Placement):
+        return value.describe()
+    return value
 
 
 def plot_curves(summaries: list[dict], path: Path) -> None:
