@@ -17,12 +17,10 @@ TURNS = 3
 async def agent(http: httpx.AsyncClient, n: int) -> tuple[str, list, list[str]]:
     """Plays one episode; returns the session id, the replies it kept, and the retried ids."""
     session = (await http.post("/v1/sessions", json={"task_id": f"agent-{n}"})).json()
-    # Generous connect timeout: 50 agents and the gateway share this process and 2 busy cores.
+    # Generous timeouts: 50 agents and the gateway share this process and 2 busy cores. A plain
+    # number: openai 3 runs on httpx2 and refuses an httpx.Timeout.
     client = openai.AsyncOpenAI(
-        base_url=session["base_url"],
-        api_key="unused",
-        max_retries=0,
-        timeout=httpx.Timeout(300, connect=60),
+        base_url=session["base_url"], api_key="unused", max_retries=0, timeout=300.0
     )
     messages = [{"role": "user", "content": f"Agent {n} says hello."}]
     kept, dropped = [], []
