@@ -4,6 +4,7 @@ directory that works for every command, and expected failures as one line, not a
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -93,3 +94,32 @@ def test_up_with_a_model_directory_that_cannot_be_served_starts_nothing(tmp_path
     refused = rlgw("up", "--model", str(odd), env={"RLGW_HOME": str(home)})
     assert_one_line_failure(refused, 2, "NoSuchModelForCausalLM", "cannot serve")
     assert not (home / "pgdata").exists()  # refused before the database started
+
+
+def test_a_named_tool_parser_the_checkpoint_cannot_support_is_refused_before_vllm_starts(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """The tiny model's template writes <tool_call> (hermes); its tokenizer has no
+    <|python_tag|>, which vLLM's llama3_json parser looks up at start."""
+    done = rlgw(
+        "backend", "--model", str(tiny_model_dir), "--port", str(free_port()),
+        "--tool-call-parser", "llama3_json", env={"RLGW_HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert_one_line_failure(done, 2, "--tool-call-parser llama3_json cannot work", "python_tag")
+    assert not (tmp_path / "logs").exists()  # vLLM never started
+
+
+def test_a_vllm_that_fails_to_start_is_one_line_naming_its_log(
+    tiny_model_dir: Path, make_database: Callable[[], str], tmp_path: Path
+):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    home = tmp_path / "home"
+    port = free_port()
+    env = {"RLGW_HOME": str(home), "RLGW_DATABASE_URL": make_database()}
+    done = rlgw("up", "--model", str(broken), "--backend-port", str(port), env=env)
+    log = home / "logs" / f"vllm-{port}.log"
+    assert_one_line_failure(done, 1, "vLLM exited with code", f"(log: {log})")
+    assert log.is_file() and "Traceback" in log.read_text()  # the details stay in the log
