@@ -49,7 +49,7 @@ pip_ install --progress-bar on -e "$ROOT[trainer,test]" "torch==$TORCH_VERSION"
 step 6/6 "checking imports"
 "$VENV/bin/python" - <<'PYCHECK'
 import importlib, os
-mods = ["torch", "transformers.models.qwen2", "gateway", "trainer", "rlgw_cli"]
+mods = ["torch", "transformers.models.qwen2", "gateway", "trainer", "rlgw_cli", "rlgw_vllm.extension"]
 if os.environ.get("RLGW_SKIP_VLLM", "0") != "1":
     mods.append("vllm")
 for m in mods:
