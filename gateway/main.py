@@ -20,7 +20,6 @@ from .admin.models import router as admin_models_router
 from .admin.register import router as register_router
 from .admin.router import router as admin_router
 from .admin.tenants import router as admin_tenants_router
-from .anthropic.router import FAST_LANES as ANTHROPIC_LANES
 from .anthropic.router import router as anthropic_router
 from .auth import AuthService
 from .body_limit import BodyLimitMiddleware
@@ -31,7 +30,6 @@ from .fast_lane import install_fast_lanes
 from .health import router as health_router
 from .limits import Limiter, ReleaseSlots
 from .metrics.install import install_metrics
-from .openai.router import FAST_LANES as OPENAI_LANES
 from .openai.router import router as openai_router
 from .proxy.backend_events import follow_registry
 from .proxy.backend_health import watch_backends
@@ -40,7 +38,6 @@ from .proxy.service import ProxyService
 from .proxy.upstream import AiohttpUpstream, HttpxUpstream, Upstream
 from .recording.doubtful_journal import DoubtfulJournal, journal_directory
 from .recording.recorder import Recorder
-from .responses.router import FAST_LANES as RESPONSES_LANES
 from .responses.router import router as responses_router
 from .retention import enabled as retention_enabled
 from .retention import sweep_periodically
@@ -169,7 +166,5 @@ def create_app(
     app.include_router(health_router)
     app.include_router(dashboard_router)
     if fast_lanes:
-        app.state.fast_lanes = install_fast_lanes(
-            app, OPENAI_LANES + RESPONSES_LANES + ANTHROPIC_LANES
-        )
+        app.state.fast_lanes = install_fast_lanes(app)
     return app
