@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from rlgw.db.models import AgentSession, Consumption
 from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
+from rlgw.session_status import SessionStatus
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
 
@@ -227,7 +228,7 @@ class OnlineTrainer:
             with self.sessions() as db, db.begin():
                 for sid in claim.session_ids:
                     session = db.get(AgentSession, sid)
-                    session.status = "dropped"
+                    session.status = SessionStatus.DROPPED
                     session.dropped_reason = (
                         "; ".join(sorted({s.reason for s in skips if s.session_id == sid}))
                         or "no steps"
@@ -397,7 +398,7 @@ class OnlineTrainer:
             for s in skips
         )
         for session in sessions.values():
-            session.status, session.consumed_at = "consumed", now
+            session.status, session.consumed_at = SessionStatus.CONSUMED, now
 
     @staticmethod
     def _progress_line(r: StepReport) -> str:
