@@ -66,7 +66,7 @@ def create_app(
         engine = make_async_engine(
             settings.database_url, connect_timeout_s=settings.database_connect_timeout_s
         )
-        sessions = async_session_factory(engine)
+        db_sessions = async_session_factory(engine)
         timeout = httpx.Timeout(
             settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s
         )
@@ -82,7 +82,7 @@ def create_app(
                     connect_timeout_s=settings.upstream_connect_timeout_s,
                 )
             )
-            pool = BackendPool(sessions, hold_timeout_s=settings.backend_hold_s)
+            pool = BackendPool(db_sessions, hold_timeout_s=settings.backend_hold_s)
             await pool.refresh()
             recorder = Recorder(
                 engine,
@@ -96,12 +96,12 @@ def create_app(
             app.state.context = GatewayContext(
                 settings=settings,
                 engine=engine,
-                sessions=sessions,
+                db_sessions=db_sessions,
                 http=http,
                 pool=pool,
                 recorder=recorder,
-                proxy=ProxyService(pool, recorder, upstream, sessions),
-                auth=AuthService(settings, sessions),
+                proxy=ProxyService(pool, recorder, upstream, db_sessions),
+                auth=AuthService(settings, db_sessions),
                 limiter=Limiter(
                     settings.rate_limit_rps,
                     settings.rate_limit_burst,

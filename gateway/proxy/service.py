@@ -42,12 +42,12 @@ class ProxyService:
     records each choice. One per gateway process."""
 
     def __init__(
-        self, pool: BackendPool, recorder: Recorder, upstream: Upstream, sessions: Any
+        self, pool: BackendPool, recorder: Recorder, upstream: Upstream, db_sessions: Any
     ) -> None:
         self._pool = pool
         self._recorder = recorder
         self._upstream = upstream
-        self._sessions = sessions
+        self._db_sessions = db_sessions
 
     async def generate(self, surface: Surface, call: GenerationCall) -> Response:
         """Serve one generation request `call` of `surface`. The call's ASGI receive channel is
@@ -64,7 +64,7 @@ class ProxyService:
         pin = None  # the session's pinned version (a canary, a gate evaluation)
         if session_id is not None:
             draw = self._pool.versions.draw(surface.model, session_id)
-            pinned = await open_session(self._sessions, session_id, tenant, draw, key_id)
+            pinned = await open_session(self._db_sessions, session_id, tenant, draw, key_id)
             pin = pin_for(pinned, surface.model)
             self._pool.versions.check_pin(surface.model, session_id, pin)
         n = surface.choices

@@ -45,7 +45,7 @@ def validate_session_id(session_id: str) -> str:
 
 
 async def open_session(
-    sessions: async_sessionmaker,
+    db_sessions: async_sessionmaker,
     session_id: str,
     tenant: str | None = None,
     draw: Draw | None = None,
@@ -63,10 +63,10 @@ async def open_session(
         "agent_key_id": key_id,
         **(draw.params() if draw else {}),
     }
-    async with sessions() as db, db.begin():
+    async with db_sessions() as db, db.begin():
         row = (await db.execute(OPEN_AND_PIN if draw else _OPEN_OR_CREATE, params)).first()
     if row is None:  # created by a concurrent request after this statement's snapshot
-        async with sessions() as db:
+        async with db_sessions() as db:
             row = (
                 await db.execute(
                     text(

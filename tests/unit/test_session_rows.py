@@ -19,7 +19,9 @@ from rlgw.session_rows import (
 from rlgw.session_status import FINISHED, FINISHED_SQL, SessionStatus
 
 ROOT = Path(__file__).resolve().parents[2]
-CREATES_A_SESSION = re.compile(r"INSERT INTO sessions|insert\(AgentSession|(?<!class )AgentSession\(")
+CREATES_A_SESSION = re.compile(
+    r"INSERT INTO sessions|insert\(AgentSession|(?<!class )AgentSession\("
+)
 
 
 def test_an_implicit_session_is_born_closed_when_its_completion_is_created():
