@@ -116,7 +116,7 @@ def _unauthorized(message: str, code: str) -> APIError:
 class AuthService:
     """Verifies agent keys and session tokens; mints session tokens. One per gateway process."""
 
-    def __init__(self, settings: Settings, sessions: async_sessionmaker) -> None:
+    def __init__(self, settings: Settings, db_sessions: async_sessionmaker) -> None:
         self.enabled = settings.auth == "on"
         self.cache_s = settings.auth_cache_s
         self.max_ttl_s = settings.session_token_max_ttl_s
@@ -127,7 +127,7 @@ class AuthService:
             secrets.token_bytes(32) if self.ephemeral_secret else settings.token_secret.encode()
         )
         self._jwt = JsonWebToken(["HS256"])
-        self._sessions = sessions
+        self._db_sessions = db_sessions
         self._by_hash: dict[str, tuple[float, KeyInfo]] = {}
         self._by_id: dict[str, tuple[float, KeyInfo]] = {}
 
@@ -157,7 +157,7 @@ class AuthService:
             self._by_hash.pop(digest, None)
 
     async def _load(self, *conditions: Any) -> KeyInfo | None:
-        async with self._sessions() as db:
+        async with self._db_sessions() as db:
             row = (
                 await db.execute(
                     select(AgentKey.id, AgentKey.tenant, AgentKey.key_hash).where(

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the services import nothing of the app's wiring: no import 
 class GatewayContext:
     settings: Settings
     engine: AsyncEngine
-    sessions: async_sessionmaker
+    db_sessions: async_sessionmaker
     http: httpx.AsyncClient
     pool: BackendPool
     recorder: Recorder

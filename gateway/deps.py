@@ -23,7 +23,7 @@ ContextDep = Annotated[GatewayContext, Depends(get_context)]
 
 
 async def get_db(ctx: ContextDep) -> AsyncIterator[AsyncSession]:
-    async with ctx.sessions() as db:
+    async with ctx.db_sessions() as db:
         yield db
 
 

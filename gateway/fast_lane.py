@@ -8,30 +8,25 @@ accepts, read by orjson exactly as the route would read it with the stdlib, sent
 `application/json`, with headers the route accepts. A lane serves as its route would: the same
 caller admission, the same handler, the route's own scope entries (metrics, error envelopes),
 exceptions left to the app's handlers. The routes stay the definition: the OpenAPI schema and
-every error answer.
+every error answer. The routes a lane serves are the generation entries' (gateway/generation.py).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
-from starlette.responses import Response
+from pydantic import ValidationError
 from starlette.routing import BaseRoute, Match
 
 from .context import GatewayContext
 from .deps import ANTHROPIC_SENT_AS, BEARER_SENT_AS, admit, bearer_credential
-from .errors import ANTHROPIC_TAG
+from .generation import ENTRY_ATTRIBUTE, GenerationEntry
 from .proxy.params import GenerationCall
-
-Handler = Callable[[Any, GenerationCall, GatewayContext], Awaitable[Response]]
-# What a module offers to a lane: its route's path, the body model, the handler.
-LaneSpec = tuple[str, type[BaseModel], Handler]
 
 # orjson reads an integer beyond 64 bits as a float, the stdlib as an int: such a body (or one
 # with any run of 19 digits, in a string too) goes to the route.
@@ -49,14 +44,14 @@ class LaneCounts:
 
 
 class FastLane(BaseRoute):
-    """Serves the requests its `route` would accept, with `handler`; hands it every other."""
+    """Serves the requests its `route` would accept, with its generation `entry`; hands it every
+    other."""
 
-    def __init__(
-        self, route: APIRoute, model: type[BaseModel], handler: Handler, counts: LaneCounts
-    ) -> None:
-        self.route, self.model, self.handler, self.counts = route, model, handler, counts
+    def __init__(self, route: APIRoute, entry: GenerationEntry, counts: LaneCounts) -> None:
+        self.route, self.entry, self.counts = route, entry, counts
+        self.model = entry.model
         self.path, self.name = route.path, route.name
-        self.anthropic = ANTHROPIC_TAG in route.tags  # its callers may send `x-api-key`
+        self.anthropic = entry.anthropic  # its callers may send `x-api-key`
         self.session_in_path = "session_id" in route.param_convertors
 
     def matches(self, scope: Any) -> tuple[Match, dict[str, Any]]:
@@ -90,10 +85,10 @@ class FastLane(BaseRoute):
             if self.session_in_path
             else headers.get(b"x-session-id")
         )
-        call = GenerationCall(
+        call = GenerationCall.bound(
             raw, scope, receive, caller, session_id, headers.get(b"idempotency-key")
         )
-        response = await self.handler(model, call, ctx)
+        response = await self.entry.serve(model, call, ctx)
         await response(scope, receive, send)
 
     def _accepted(self, body: bytes, headers: dict[bytes, str]) -> tuple[Any, dict] | None:
@@ -150,12 +145,13 @@ def _replay(messages: list[Any], receive: Any) -> Callable[[], Awaitable[Any]]:
     return replayed
 
 
-def install_fast_lanes(app: FastAPI, specs: Sequence[LaneSpec]) -> LaneCounts:
-    """Put a lane ahead of the route table for each of `specs` (the route: POST at its path)."""
+def install_fast_lanes(app: FastAPI) -> LaneCounts:
+    """Put a lane ahead of the route table for each route of a generation entry."""
     counts = LaneCounts()
-    routes = {
-        r.path: r for r in app.router.routes if isinstance(r, APIRoute) and "POST" in r.methods
-    }
-    lanes = [FastLane(routes[path], model, handler, counts) for path, model, handler in specs]
+    lanes = [
+        FastLane(route, getattr(route.endpoint, ENTRY_ATTRIBUTE), counts)
+        for route in app.router.routes
+        if isinstance(route, APIRoute) and hasattr(route.endpoint, ENTRY_ATTRIBUTE)
+    ]
     app.router.routes[:0] = lanes
     return counts

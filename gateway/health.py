@@ -23,7 +23,7 @@ async def _database_ok(ctx: ContextDep) -> str | None:
     (the pool drops dead ones), so health recovers by itself."""
     try:
         async with asyncio.timeout(ctx.settings.database_connect_timeout_s + 1):
-            async with ctx.sessions() as db:
+            async with ctx.db_sessions() as db:
                 await db.execute(text("SELECT 1"))
         return None
     except Exception as exc:  # report, do not raise: health must answer

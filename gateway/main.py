@@ -21,7 +21,6 @@ from .admin.models import router as admin_models_router
 from .admin.register import router as register_router
 from .admin.router import router as admin_router
 from .admin.tenants import router as admin_tenants_router
-from .anthropic.router import FAST_LANES as ANTHROPIC_LANES
 from .anthropic.router import router as anthropic_router
 from .auth import AuthService
 from .body_limit import BodyLimitMiddleware
@@ -32,7 +31,6 @@ from .fast_lane import install_fast_lanes
 from .health import router as health_router
 from .limits import Limiter, ReleaseSlots
 from .metrics.install import install_metrics
-from .openai.router import FAST_LANES as OPENAI_LANES
 from .openai.router import router as openai_router
 from .proxy.backend_events import follow_registry
 from .proxy.backend_health import watch_backends
@@ -41,7 +39,6 @@ from .proxy.service import ProxyService
 from .proxy.upstream import AiohttpUpstream, HttpxUpstream, Upstream
 from .recording.doubtful_journal import DoubtfulJournal, journal_directory
 from .recording.recorder import Recorder
-from .responses.router import FAST_LANES as RESPONSES_LANES
 from .responses.router import router as responses_router
 from .retention import enabled as retention_enabled
 from .retention import sweep_periodically
@@ -72,7 +69,7 @@ def create_app(
         engine = make_async_engine(
             settings.database_url, connect_timeout_s=settings.database_connect_timeout_s
         )
-        sessions = async_session_factory(engine)
+        db_sessions = async_session_factory(engine)
         timeout = httpx.Timeout(
             settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s
         )
@@ -88,7 +85,7 @@ def create_app(
                     connect_timeout_s=settings.upstream_connect_timeout_s,
                 )
             )
-            pool = BackendPool(sessions, hold_timeout_s=settings.backend_hold_s)
+            pool = BackendPool(db_sessions, hold_timeout_s=settings.backend_hold_s)
             await pool.refresh()
             recorder = Recorder(
                 engine,
@@ -102,12 +99,12 @@ def create_app(
             app.state.context = GatewayContext(
                 settings=settings,
                 engine=engine,
-                sessions=sessions,
+                db_sessions=db_sessions,
                 http=http,
                 pool=pool,
                 recorder=recorder,
-                proxy=ProxyService(pool, recorder, upstream, sessions),
-                auth=AuthService(settings, sessions),
+                proxy=ProxyService(pool, recorder, upstream, db_sessions),
+                auth=AuthService(settings, db_sessions),
                 limiter=Limiter(
                     settings.rate_limit_rps,
                     settings.rate_limit_burst,
@@ -173,7 +170,5 @@ def create_app(
     app.include_router(health_router)
     app.include_router(dashboard_router)
     if fast_lanes:
-        app.state.fast_lanes = install_fast_lanes(
-            app, OPENAI_LANES + RESPONSES_LANES + ANTHROPIC_LANES
-        )
+        app.state.fast_lanes = install_fast_lanes(app)
     return app

@@ -11,6 +11,9 @@ The reasons come from four kinds of fact (docs/architecture.md, "Evidence, retri
   (learned after the row may exist: that reason is added to the stored list later).
 No reason replaces another: the stored list (`completions.ineligible_reasons`) only grows.
 
+Each reason is a `Reason`: its text (stored, shown) and its `ReasonKind` (the bounded label the
+gateway's metrics count it under), given where the reason is decided, never read back from text.
+
 Being a retry orphan is not a reason here. It is lineage's verdict on which attempt the
 conversation kept, and later traffic can reverse it (a continuation of a superseded attempt makes
 it the kept one again), so it lives in `completions.orphan_reason` alone. Training uses a
@@ -22,30 +25,78 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
+
+from rlgw.session_status import SessionStatus
+
+
+class ReasonKind(StrEnum):
+    """What kind of fact a reason states; a metric label, so a bounded set."""
+
+    STATUS = "status"  # the completion did not complete
+    FINISH = "finish"  # not a normal finish
+    VERSION = "version"  # served version unknown
+    TOKENS = "tokens"  # prompt or output token ids missing
+    ECHO_ONLY = "echo_only"
+    LOGPROBS = "logprobs"  # missing, miscounted or not log-probabilities
+    SESSION_CLOSED = "session_closed"  # its session was no longer open
+    CROSSED_SWAP = "crossed_swap"
+    NOT_FOLLOWING = "not_following"
+    DOUBTFUL_COMMIT = "doubtful_commit"
+    ORPHAN = "orphan"  # a retry orphan (lineage's verdict: `completions.orphan_reason`)
+    OTHER = "other"  # a text that was not made as a `Reason` (read back from the database)
+
+
+class Reason(str):
+    """A reason a completion may not be trained on: its text, carrying its `kind`."""
+
+    kind: ReasonKind
+
+    def __new__(cls, text: str, kind: ReasonKind) -> Reason:
+        reason = super().__new__(cls, text)
+        reason.kind = kind
+        return reason
+
+    def __getnewargs__(self) -> tuple[str, ReasonKind]:  # copied and pickled with its kind
+        return str(self), self.kind
+
+
+def kind_of(reason: str) -> ReasonKind:
+    """The kind a reason was made with; OTHER for a plain text."""
+    return getattr(reason, "kind", ReasonKind.OTHER)
+
 
 NORMAL_FINISH = frozenset({"stop", "length", "tool_calls"})
 # vLLM writes this in place of a log-prob it could not compute.
 PLACEHOLDER_LOGPROB = -9999.0
 
 # Why a completion's tokens may not all come from its stamped version (the gateway's swap doubt).
-CROSSED_SWAP = "the request crossed a weight swap of its backend"
-NOT_FOLLOWING = (
+CROSSED_SWAP = Reason("the request crossed a weight swap of its backend", ReasonKind.CROSSED_SWAP)
+NOT_FOLLOWING = Reason(
     "the gateway was not following backend swaps when the request finished (registry "
-    "connection lost): a swap cannot be ruled out"
+    "connection lost): a swap cannot be ruled out",
+    ReasonKind.NOT_FOLLOWING,
 )
 SWAP_DOUBTS = (CROSSED_SWAP, NOT_FOLLOWING)
-DOUBTFUL_COMMIT = "the database failed during its commit and the client was told the call failed"
+DOUBTFUL_COMMIT = Reason(
+    "the database failed during its commit and the client was told the call failed",
+    ReasonKind.DOUBTFUL_COMMIT,
+)
 # A text completion with `echo` and `max_tokens` 0: the prompt was scored, nothing was generated
 # for the client (vLLM's one hidden sampled token has no log-prob in the reply and is not kept).
-ECHO_ONLY = "echo with max_tokens 0: only the prompt was scored, no output tokens"
+ECHO_ONLY = Reason(
+    "echo with max_tokens 0: only the prompt was scored, no output tokens", ReasonKind.ECHO_ONLY
+)
 
 
-def session_reason(status: str) -> str:
+def session_reason(status: str) -> Reason:
     """The reason for a completion recorded in a session that was no longer open."""
-    return f"session was {status} before this completion was recorded"
+    return Reason(
+        f"session was {status} before this completion was recorded", ReasonKind.SESSION_CLOSED
+    )
 
 
 def ineligible_reasons(
@@ -60,7 +111,7 @@ def ineligible_reasons(
     swap_doubt: str | None = None,
     doubtful_commit: bool = False,
     echo_only: bool = False,
-) -> list[str]:
+) -> list[Reason]:
     """Every reason training must not use a completion; empty when it may.
 
     The evidence is the record's own (`status` ... `output_logprobs`). `session_status`: its named
@@ -72,19 +123,21 @@ def ineligible_reasons(
     """
     reasons = []
     if status != "complete":
-        reasons.append(f"status is {status}")
+        reasons.append(Reason(f"status is {status}", ReasonKind.STATUS))
     if finish_reason not in NORMAL_FINISH:
-        reasons.append(f"finish_reason {finish_reason!r} is not a normal finish")
+        reasons.append(
+            Reason(f"finish_reason {finish_reason!r} is not a normal finish", ReasonKind.FINISH)
+        )
     if policy_version is None:
-        reasons.append("served policy version unknown")
+        reasons.append(Reason("served policy version unknown", ReasonKind.VERSION))
     if not prompt_token_ids:
-        reasons.append("prompt token ids missing")
+        reasons.append(Reason("prompt token ids missing", ReasonKind.TOKENS))
     if echo_only:
         reasons.append(ECHO_ONLY)
     elif not output_token_ids:
-        reasons.append("no output tokens")
+        reasons.append(Reason("no output tokens", ReasonKind.TOKENS))
     reasons += _logprob_reasons(output_token_ids or (), output_logprobs)
-    if session_status is not None and session_status != "open":
+    if session_status is not None and session_status != SessionStatus.OPEN:
         reasons.append(session_reason(session_status))
     if swap_doubt is not None:
         if swap_doubt not in SWAP_DOUBTS:
@@ -95,21 +148,21 @@ def ineligible_reasons(
     return reasons
 
 
-def _logprob_reasons(ids: Sequence[int], logprobs: Sequence[float] | None) -> list[str]:
+def _logprob_reasons(ids: Sequence[int], logprobs: Sequence[float] | None) -> list[Reason]:
     """A count that does not match the output, and the first value that is not a log-prob."""
-    reasons = []
+    texts = []
     if logprobs is None or len(logprobs) != len(ids):
-        reasons.append(
+        texts.append(
             f"{0 if logprobs is None else len(logprobs)} log-probs for {len(ids)} output tokens"
         )
     for i, lp in enumerate(logprobs or ()):
         if not math.isfinite(lp) or lp > 0.0:
-            reasons.append(f"log-prob {lp} at output position {i} is not a finite log-probability")
+            texts.append(f"log-prob {lp} at output position {i} is not a finite log-probability")
             break
         if lp <= PLACEHOLDER_LOGPROB:
-            reasons.append(f"placeholder log-prob {lp} at output position {i}")
+            texts.append(f"placeholder log-prob {lp} at output position {i}")
             break
-    return reasons
+    return [Reason(text, ReasonKind.LOGPROBS) for text in texts]
 
 
 def eligibility_reason(reasons: Sequence[str]) -> str | None:

@@ -247,7 +247,7 @@ def store_model(
 
 
 def register_backend(
-    sessions: sessionmaker[Session],
+    db_sessions: sessionmaker[Session],
     model: str,
     url: str,
     *,
@@ -263,6 +263,6 @@ def register_backend(
     default); `trust_target=True` skips it, explicitly."""
     target = check_target(url, allowlist, trust_target=trust_target)
     version = probe_backend(target, model, timeout_s=timeout_s)
-    with sessions() as db, db.begin():
+    with db_sessions() as db, db.begin():
         model_id = _upsert_model(db, model, model_path)
         return _store_backend(db, model_id, target.url, version)

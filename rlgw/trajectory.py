@@ -24,6 +24,7 @@ from rlgw.db.models import (
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
 from rlgw.eligibility import eligibility_reason
 from rlgw.rewards import GroupVerdict, Member, judge_group, normalize_returns
+from rlgw.session_status import FINISHED
 from rlgw.siblings import sibling_advantages  # re-exported: the pure half lives there
 
 # How the rewards of sibling choices (one request with n > 1) are normalized when the session did
@@ -193,10 +194,7 @@ def group_verdict(db: Session, group: SessionGroup, now: datetime) -> tuple[Grou
         if counts:
             values[reward.session_id].append(reward.value)
     verdict = judge_group(
-        [
-            Member(sid, status in ("closed", "claimed", "consumed"), values[sid])
-            for sid, status in members
-        ],
+        [Member(sid, status in FINISHED, values[sid]) for sid, status in members],
         group.normalization,
         expected_size=group.expected_size,
         deadline_at=group.deadline_at,

@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from rlgw.session_status import SessionStatus
+
 SWAP_WINDOW = 1000  # swaps are counted over each model's latest this many versions
 # A scrape or a dashboard poll answers within this even when the database does not (Prometheus
 # waits 10 s by default).
@@ -70,7 +72,7 @@ async def trainer_backlog(conn: AsyncConnection) -> tuple[int, float]:
         await conn.execute(
             text(
                 "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(s.closed_at)), 0) "
-                "FROM sessions s WHERE s.status = 'closed' AND s.train "
+                f"FROM sessions s WHERE s.status = '{SessionStatus.CLOSED}' AND s.train "
                 "AND EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = s.id)"
             )
         )

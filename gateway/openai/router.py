@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter
 
 from rlgw.settings import Settings
 
-from ..context import GatewayContext
 from ..deps import CallerDep, ContextDep
 from ..errors import OPENAI_TAG, APIError
-from ..proxy.params import (
-    GenerationCall,
-    HeaderSession,
-    IdempotencyKey,
-    bind_session,
-    check_token_cap,
-    generation_call,
-)
+from ..generation import GenerationEntry, add_generation_routes
+from ..proxy.params import check_token_cap
 from ..proxy.shaping import CHAT, COMPLETIONS
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .surface import OpenAISurface
@@ -41,94 +35,21 @@ def check_limits(body: GenerationRequest, settings: Settings) -> None:
         )
 
 
-async def generate(
-    api: str, body: GenerationRequest, call: GenerationCall, ctx: GatewayContext
-) -> Response:
-    """A chat or text completion, whichever way its request was read (the routes below, or
-    their fast lanes: gateway/fast_lane.py)."""
-    session_id = bind_session(call.caller, call.session_id)
-    check_limits(body, ctx.settings)
-    call.note_model()
-    return await ctx.proxy.generate(
-        OpenAISurface(api, call.body),
-        session_id,
-        call.idempotency_key,
-        call.receive,
-        tenant=call.caller.tenant,
-        key_id=call.caller.key_id,
-    )
-
-
-async def generate_chat(
-    body: ChatCompletionRequest, call: GenerationCall, ctx: GatewayContext
-) -> Response:
-    return await generate(CHAT, body, call, ctx)
-
-
-async def generate_text(
-    body: CompletionRequest, call: GenerationCall, ctx: GatewayContext
-) -> Response:
-    return await generate(COMPLETIONS, body, call, ctx)
-
-
-@router.post("/v1/chat/completions", summary="Chat completion (recorded)")
-async def chat_completions(
-    body: ChatCompletionRequest,
-    request: Request,
-    ctx: ContextDep,
-    caller: CallerDep,
-    session_id: HeaderSession,
-    idempotency_key: IdempotencyKey = None,
-):
-    call = await generation_call(request, caller, session_id, idempotency_key)
-    return await generate_chat(body, call, ctx)
-
-
-@router.post("/sessions/{session_id}/v1/chat/completions", summary="Chat completion in a session")
-async def session_chat_completions(
-    session_id: str,
-    body: ChatCompletionRequest,
-    request: Request,
-    ctx: ContextDep,
-    caller: CallerDep,
-    idempotency_key: IdempotencyKey = None,
-):
-    call = await generation_call(request, caller, session_id, idempotency_key)
-    return await generate_chat(body, call, ctx)
-
-
-@router.post("/v1/completions", summary="Text completion (recorded)")
-async def completions(
-    body: CompletionRequest,
-    request: Request,
-    ctx: ContextDep,
-    caller: CallerDep,
-    session_id: HeaderSession,
-    idempotency_key: IdempotencyKey = None,
-):
-    call = await generation_call(request, caller, session_id, idempotency_key)
-    return await generate_text(body, call, ctx)
-
-
-@router.post("/sessions/{session_id}/v1/completions", summary="Text completion in a session")
-async def session_completions(
-    session_id: str,
-    body: CompletionRequest,
-    request: Request,
-    ctx: ContextDep,
-    caller: CallerDep,
-    idempotency_key: IdempotencyKey = None,
-):
-    call = await generation_call(request, caller, session_id, idempotency_key)
-    return await generate_text(body, call, ctx)
-
-
-# The routes a fast lane serves (gateway/fast_lane.py): path, body model, handler.
-FAST_LANES = (
-    ("/v1/chat/completions", ChatCompletionRequest, generate_chat),
-    ("/sessions/{session_id}/v1/chat/completions", ChatCompletionRequest, generate_chat),
-    ("/v1/completions", CompletionRequest, generate_text),
-    ("/sessions/{session_id}/v1/completions", CompletionRequest, generate_text),
+add_generation_routes(
+    router,
+    "/v1/chat/completions",
+    GenerationEntry(ChatCompletionRequest, check_limits, partial(OpenAISurface, CHAT)),
+    name="chat_completions",
+    summary="Chat completion (recorded)",
+    session_summary="Chat completion in a session",
+)
+add_generation_routes(
+    router,
+    "/v1/completions",
+    GenerationEntry(CompletionRequest, check_limits, partial(OpenAISurface, COMPLETIONS)),
+    name="completions",
+    summary="Text completion (recorded)",
+    session_summary="Text completion in a session",
 )
 
 

@@ -21,6 +21,9 @@ from datetime import datetime
 
 from sqlalchemy import text
 
+from rlgw.session_rows import insert_named_sql
+from rlgw.session_status import SessionStatus
+
 from ..errors import APIError
 
 _READ = text(
@@ -35,14 +38,13 @@ _READ = text(
 # Opens a session as `session_binding` does, and pins it to the canary's candidate if it is new
 # (created since the canary began, no completion yet), open, and the caller's tenant's.
 OPEN_AND_PIN = text(
-    """
+    f"""
     WITH created AS (
-        INSERT INTO sessions (id, tenant, agent_key_id, pinned_model, pinned_version)
-        VALUES (:id, :tenant, :agent_key_id, :pin_model, :pin_version)
-        ON CONFLICT (id) DO NOTHING RETURNING status, tenant, pinned_model, pinned_version
+        {insert_named_sql(pinned=True)} RETURNING status, tenant, pinned_model, pinned_version
     ), pinned AS (
         UPDATE sessions SET pinned_model = :pin_model, pinned_version = :pin_version
-        WHERE id = :id AND pinned_version IS NULL AND status = 'open' AND created_at >= :since
+        WHERE id = :id AND pinned_version IS NULL AND status = '{SessionStatus.OPEN}'
+          AND created_at >= :since
           AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
           AND NOT EXISTS (SELECT 1 FROM completions c WHERE c.session_id = :id)
         RETURNING status, tenant, pinned_model, pinned_version

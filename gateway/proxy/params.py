@@ -43,8 +43,22 @@ class GenerationCall:
     scope: Any  # the ASGI scope
     receive: Any  # the ASGI receive channel, watched for the client hanging up
     caller: Caller
-    session_id: str | None  # the path's, else the X-Session-Id header's
+    session_id: str | None  # the session it is made in (`bind_session`); None: an implicit one
     idempotency_key: str | None
+
+    @classmethod
+    def bound(
+        cls,
+        body: dict[str, Any],
+        scope: Any,
+        receive: Any,
+        caller: Caller,
+        session_id: str | None,
+        idempotency_key: str | None,
+    ) -> GenerationCall:
+        """The call made with `session_id` (the path's, else the X-Session-Id header's), bound
+        to the session it is made in (403/404 when the caller may not use that session)."""
+        return cls(body, scope, receive, caller, bind_session(caller, session_id), idempotency_key)
 
     def note_model(self) -> None:
         note_model(self.scope, self.body)
@@ -68,7 +82,7 @@ async def generation_call(
     request: Request, caller: Caller, session_id: str | None, idempotency_key: str | None
 ) -> GenerationCall:
     """The call a FastAPI generation route was made with."""
-    return GenerationCall(
+    return GenerationCall.bound(
         await request.json(), request.scope, request.receive, caller, session_id, idempotency_key
     )
 

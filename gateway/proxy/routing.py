@@ -101,7 +101,7 @@ class Lease:
 class BackendPool:
     """Routes requests to ACTIVE backends; re-reads the registry from Postgres on `refresh()`."""
 
-    sessions: async_sessionmaker
+    db_sessions: async_sessionmaker
     hold_timeout_s: float = 30.0
     # Whether the registry listener is connected now. Epochs are exact while it is (NOTIFY), and
     # again once it has reconnected (it re-reads the registry before saying so): every pause
@@ -113,7 +113,7 @@ class BackendPool:
     versions: VersionRules = field(default_factory=VersionRules)
 
     async def refresh(self) -> None:
-        async with self.sessions() as db:
+        async with self.db_sessions() as db:
             rows = (
                 await db.execute(
                     select(Backend, RegisteredModel.name, RegisteredModel.lora).join(

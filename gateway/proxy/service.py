@@ -21,6 +21,7 @@ from .canary import pin_for
 from .disconnect import ClientGone, unless_client_leaves
 from .echo import echo_for, echoes, restore, the_prompt
 from .fastjson import FastJSONResponse, loads
+from .params import GenerationCall
 from .relay import RecordedStream, Relay
 from .routing import BackendPool, Lease
 from .session_binding import implicit_session_id, open_session
@@ -41,36 +42,29 @@ class ProxyService:
     records each choice. One per gateway process."""
 
     def __init__(
-        self, pool: BackendPool, recorder: Recorder, upstream: Upstream, sessions: Any
+        self, pool: BackendPool, recorder: Recorder, upstream: Upstream, db_sessions: Any
     ) -> None:
         self._pool = pool
         self._recorder = recorder
         self._upstream = upstream
-        self._sessions = sessions
+        self._db_sessions = db_sessions
 
-    async def generate(
-        self,
-        surface: Surface,
-        session_id: str | None,
-        idempotency_key: str | None = None,
-        receive: Any = None,
-        *,
-        tenant: str | None = None,
-        key_id: str | None = None,
-    ):
-        """Serve one generation request. `receive` is the ASGI receive channel, watched for the
-        client hanging up while a non-streamed answer is being generated. With a `tenant`, a
-        named session must be that tenant's (or new, and then it becomes that tenant's); a new
-        implicit session is that tenant's too. A new session, named or implicit, remembers the
-        agent key `key_id` it was opened with (its training consent).
+    async def generate(self, surface: Surface, call: GenerationCall) -> Response:
+        """Serve one generation request `call` of `surface`. The call's ASGI receive channel is
+        watched for the client hanging up while a non-streamed answer is being generated. With a
+        caller's tenant, a named session must be that tenant's (or new, and then it becomes that
+        tenant's); a new implicit session is that tenant's too. A new session, named or implicit,
+        remembers the agent key it was opened with (its training consent).
 
         Each choice is recorded on its own: choice `i` under `sibling_id(record_id, i)`; with
         n > 1 they share `sibling_group` (the record id of choice 0)."""
+        session_id, idempotency_key, receive = call.session_id, call.idempotency_key, call.receive
+        tenant, key_id = call.caller.tenant, call.caller.key_id
         record_id = surface.record_prefix + uuid.uuid4().hex
         pin = None  # the session's pinned version (a canary, a gate evaluation)
         if session_id is not None:
             draw = self._pool.versions.draw(surface.model, session_id)
-            pinned = await open_session(self._sessions, session_id, tenant, draw, key_id)
+            pinned = await open_session(self._db_sessions, session_id, tenant, draw, key_id)
             pin = pin_for(pinned, surface.model)
             self._pool.versions.check_pin(surface.model, session_id, pin)
         n = surface.choices
@@ -99,21 +93,21 @@ class ProxyService:
             )
             for i in range(n)
         ]
-        call = Call(surface=surface, records=records, t0=time.perf_counter(), pin=pin)
-        call.sequence = lineage.request_sequence(surface.wire, surface.wire_body)
+        exchange = Call(surface=surface, records=records, t0=time.perf_counter(), pin=pin)
+        exchange.sequence = lineage.request_sequence(surface.wire, surface.wire_body)
         for rec in records:
-            rec.sequence = call.sequence
-        headers = {"X-Session-Id": call.record.session_id, "X-Completion-Id": record_id}
+            rec.sequence = exchange.sequence
+        headers = {"X-Session-Id": exchange.record.session_id, "X-Completion-Id": record_id}
         if n > 1:
             headers["X-Completion-Ids"] = ",".join(r.id for r in records)
         try:
             if echoes(surface.wire, surface.wire_body):
-                refused = await self._prepare_echo(call, headers)
+                refused = await self._prepare_echo(exchange, headers)
                 if refused is not None:
                     return refused
             if surface.stream:
-                return await self._stream(call, headers)
-            return await self._complete(call, headers, receive)
+                return await self._stream(exchange, headers)
+            return await self._complete(exchange, headers, receive)
         except APIError as exc:  # tell the client which record holds the failure
             exc.headers = {**(exc.headers or {}), **headers}
             raise

@@ -7,6 +7,9 @@ import re
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from rlgw.session_rows import insert_named_sql
+from rlgw.session_status import SessionStatus
+
 from ..auth import tenant_sees
 from ..errors import APIError, session_not_found
 from ..ids import SESSION_ID_PATTERN
@@ -18,10 +21,9 @@ IMPLICIT_PREFIX = "auto-"
 # One round trip: create the session if it is new (owned by the caller's tenant, opened with the
 # caller's agent key), and read its status, tenant and pinned version either way.
 _OPEN_OR_CREATE = text(
-    """
+    f"""
     WITH created AS (
-        INSERT INTO sessions (id, tenant, agent_key_id) VALUES (:id, :tenant, :agent_key_id)
-        ON CONFLICT (id) DO NOTHING RETURNING status, tenant, pinned_model, pinned_version
+        {insert_named_sql()} RETURNING status, tenant, pinned_model, pinned_version
     )
     SELECT status, tenant, pinned_model, pinned_version FROM created
     UNION ALL
@@ -43,7 +45,7 @@ def validate_session_id(session_id: str) -> str:
 
 
 async def open_session(
-    sessions: async_sessionmaker,
+    db_sessions: async_sessionmaker,
     session_id: str,
     tenant: str | None = None,
     draw: Draw | None = None,
@@ -61,10 +63,10 @@ async def open_session(
         "agent_key_id": key_id,
         **(draw.params() if draw else {}),
     }
-    async with sessions() as db, db.begin():
+    async with db_sessions() as db, db.begin():
         row = (await db.execute(OPEN_AND_PIN if draw else _OPEN_OR_CREATE, params)).first()
     if row is None:  # created by a concurrent request after this statement's snapshot
-        async with sessions() as db:
+        async with db_sessions() as db:
             row = (
                 await db.execute(
                     text(
@@ -77,7 +79,7 @@ async def open_session(
     status, owner, pinned_model, pinned_version = row
     if not tenant_sees(tenant, owner):
         raise session_not_found(session_id)
-    if status != "open":
+    if status != SessionStatus.OPEN:
         raise APIError(
             409,
             f"session {session_id} is {status}: it accepts no more completions",

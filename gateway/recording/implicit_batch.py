@@ -13,6 +13,7 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rlgw.eligibility import NOT_FOLLOWING
+from rlgw.session_rows import insert_implicit_sql
 
 from .record import CompletionRecord
 
@@ -41,17 +42,15 @@ def _placeholders(start: int, count: int) -> str:
 def _statement(keys: tuple[str, ...], n: int) -> str:
     """INSERT of `n` completions with columns `keys`, a CTE inserting their sessions first.
     Server-side placeholders ($1, ...): the driver has nothing to parse."""
-    sessions = []
-    for i in range(n):
-        first = 1 + i * _SESSION_COLUMNS
-        sessions.append(f"(${first}, true, 'closed', ${first + 1}, ${first + 2}, ${first + 3})")
+    sessions = [
+        tuple(f"${1 + i * _SESSION_COLUMNS + j}" for j in range(_SESSION_COLUMNS)) for i in range(n)
+    ]
     base = 1 + n * _SESSION_COLUMNS
     rows = [_placeholders(base + i * len(keys), len(keys)) for i in range(n)]
     return (
-        "WITH implicit_sessions AS (INSERT INTO sessions "
-        "(id, implicit, status, closed_at, tenant, agent_key_id) VALUES "
-        + ", ".join(sessions)
-        + " ON CONFLICT DO NOTHING) INSERT INTO completions ("
+        "WITH implicit_sessions AS ("
+        + insert_implicit_sql(sessions)
+        + ") INSERT INTO completions ("
         + ", ".join(keys)
         + ") VALUES "
         + ", ".join(rows)

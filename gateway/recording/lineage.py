@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from rlgw.eligibility import Reason, ReasonKind
+
 # Fields that change how an answer is delivered, not what was asked: a retry may differ in them.
 _DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
@@ -178,6 +180,11 @@ def find_parent(api: str, seq: Sequence_, earlier: Iterable[LineageRow]) -> str 
     return best.id if best else None
 
 
+def continues_orphan(parent_id: str) -> Reason:
+    """Why a completion that continues the orphan `parent_id` is an orphan too."""
+    return Reason(f"continues orphan {parent_id}", ReasonKind.ORPHAN)
+
+
 def resolve_orphans(rows: Sequence[LineageRow]) -> dict[str, str | None]:
     """For every completion of a session: None when kept, else why it is an orphan.
 
@@ -210,9 +217,9 @@ def resolve_orphans(rows: Sequence[LineageRow]) -> dict[str, str | None]:
         for members in attempts.values():
             if members is not keeper:
                 for row in members:
-                    reasons[row.id] = f"retry superseded by {kept_id}"
+                    reasons[row.id] = Reason(f"retry superseded by {kept_id}", ReasonKind.ORPHAN)
     for row in sorted(rows, key=lambda r: (r.created_at, r.id)):  # parents before children
         parent = row.parent_id
         if reasons[row.id] is None and parent in reasons and reasons[parent] is not None:
-            reasons[row.id] = f"continues orphan {parent}"
+            reasons[row.id] = continues_orphan(parent)
     return reasons

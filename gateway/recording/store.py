@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rlgw.db.models import AgentSession, Backend, Completion
 from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, NOT_FOLLOWING, add_reason
+from rlgw.session_rows import implicit_session, insert_implicit, insert_implicit_cte
 
 from . import implicit_batch
 from .lineage_store import link_into_session
@@ -49,7 +50,7 @@ async def store_batch(
         if settle_first:
             implicit = [_implicit_session(r) for r in records if r.implicit_session]
             if implicit:  # waits for a transaction still inserting the same session
-                await conn.execute(insert(_SESSIONS).on_conflict_do_nothing(), implicit)
+                await conn.execute(insert_implicit(), implicit)
             await _lock_sessions(conn, {r.session_id for r in records if not r.implicit_session})
             stored = await _already_stored(conn, groups)
             records = [r for r in records if r.id not in stored]
@@ -80,15 +81,7 @@ async def _settle_swap_doubts(conn: AsyncConnection, records: list[CompletionRec
 
 
 def _implicit_session(r: CompletionRecord) -> dict[str, Any]:
-    """An implicit session holds exactly this one completion: it is born closed."""
-    return {
-        "id": r.session_id,
-        "implicit": True,
-        "status": "closed",
-        "closed_at": r.created_at,
-        "tenant": r.tenant,
-        "agent_key_id": r.agent_key_id,
-    }
+    return implicit_session(r.session_id, r.created_at, r.tenant, r.agent_key_id)
 
 
 async def _insert(
@@ -115,18 +108,12 @@ def _with_session(keys: tuple[str, ...]) -> Insert:
     """INSERT of one completion whose implicit session a CTE inserts first: a constant statement
     (bound parameters only), so that it is compiled once and cached. The completion's values are
     bound as `c_<column>` (`keys`), apart from the columns of the session's insert."""
-    session = (
-        insert(_SESSIONS)
-        .values(
-            id=bindparam("c_session_id"),
-            implicit=True,
-            status="closed",
-            closed_at=bindparam("c_created_at"),
-            tenant=bindparam("tenant"),
-            agent_key_id=bindparam("agent_key_id"),
-        )
-        .on_conflict_do_nothing()
-        .cte("implicit_session")
+    session = insert_implicit_cte(
+        "implicit_session",
+        session_id=bindparam("c_session_id"),
+        created_at=bindparam("c_created_at"),
+        tenant=bindparam("tenant"),
+        agent_key_id=bindparam("agent_key_id"),
     )
     columns = _COMPLETIONS.c
     values = {k[2:]: bindparam(k, type_=columns[k[2:]].type) for k in keys}

@@ -11,6 +11,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from rlgw.db.models import AgentSession, Completion, Reward, SessionGroup
+from rlgw.session_rows import insert_named
+from rlgw.session_status import SessionStatus
 from rlgw.settings import Settings
 from rlgw.trajectory import DEFAULT_SIBLING_NORMALIZATION, RewardOut
 
@@ -110,8 +112,7 @@ async def create_session(
             await _join_group(db, body, settings, tenant)
         created = (
             await db.execute(
-                insert(AgentSession)
-                .values(
+                insert_named(
                     id=session_id,
                     group_id=body.group_id,
                     task_id=body.task_id,
@@ -174,8 +175,8 @@ async def close_session(
         ).scalar_one_or_none()
         if not _visible(session, tenant):
             raise _not_found(session_id)
-        if session.status == "open":  # closing twice is harmless
-            session.status = "closed"
+        if session.status == SessionStatus.OPEN:  # closing twice is harmless
+            session.status = SessionStatus.CLOSED
             session.closed_at = datetime.now(UTC)
     return session
 
@@ -296,11 +297,11 @@ async def add_reward(
                         code="idempotency_key_reused",
                     )
                 return _reward_out(earlier, counts=await _counts(db, earlier)), False
-        if session.status in ("claimed", "consumed", "dropped"):
+        if session.status in (SessionStatus.CLAIMED, SessionStatus.CONSUMED, SessionStatus.DROPPED):
             detail = {
-                "claimed": "is being trained on",
-                "consumed": "was already consumed by training",
-                "dropped": f"was dropped from training ({session.dropped_reason})",
+                SessionStatus.CLAIMED: "is being trained on",
+                SessionStatus.CONSUMED: "was already consumed by training",
+                SessionStatus.DROPPED: f"was dropped from training ({session.dropped_reason})",
             }[session.status]
             raise APIError(
                 409,

@@ -24,6 +24,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from rlgw.session_status import SessionStatus
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -190,9 +192,9 @@ class AgentSession(Base):
     )
     status: Mapped[str] = mapped_column(
         String(16),
-        default="open",
-        server_default="open",
-        comment="open|closed|claimed|consumed|dropped",
+        default=SessionStatus.OPEN,
+        server_default=SessionStatus.OPEN,
+        comment="|".join(SessionStatus),
     )
     created_at: Mapped[datetime] = _now()
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

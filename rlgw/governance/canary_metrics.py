@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from rlgw.db.models import RegisteredModel
+from rlgw.session_status import FINISHED_SQL
 
 from .consent import consented_sql
 
@@ -31,7 +32,7 @@ _METRICS = text(
                    AND (rc.id IS NULL OR rc.orphan_reason IS NULL)) AS value
         FROM sessions s
         WHERE s.created_at >= :since AND s.train
-          AND s.status IN ('closed', 'claimed', 'consumed')
+          AND s.status IN {FINISHED_SQL}
           AND EXISTS (SELECT 1 FROM completions c WHERE c.session_id = s.id AND c.model = :model)
           AND {consented_sql("s")}
     )

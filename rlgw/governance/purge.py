@@ -11,6 +11,8 @@ from sqlalchemy import Text, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from rlgw.session_status import SessionStatus
+
 from . import audit
 
 
@@ -56,7 +58,7 @@ def purge_tenant(db: Session, tenant: str, actor: str) -> PurgeResult:
         text("SELECT id, status FROM sessions WHERE tenant = :t ORDER BY id FOR UPDATE"),
         {"t": tenant},
     ).all()
-    claimed = sum(status == "claimed" for _, status in rows)
+    claimed = sum(status == SessionStatus.CLAIMED for _, status in rows)
     if claimed:
         raise ClaimInUpdate(tenant, claimed)
     ids = [session_id for session_id, _ in rows]

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, insert, text
 
 from rlgw.db.models import AuditEvent
+from rlgw.session_status import SessionStatus
 
 BATCH = 1000
 ACTOR = "retention-sweep"
@@ -29,9 +30,9 @@ _DROP_TEXT = text(
     """
 )
 _DELETE_SESSIONS = text(
-    """
+    f"""
     DELETE FROM sessions WHERE id IN (
-        SELECT id FROM sessions WHERE created_at < :cutoff AND status <> 'claimed'
+        SELECT id FROM sessions WHERE created_at < :cutoff AND status <> '{SessionStatus.CLAIMED}'
         ORDER BY created_at LIMIT :batch FOR UPDATE SKIP LOCKED)
     """
 )

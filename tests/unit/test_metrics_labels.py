@@ -13,13 +13,14 @@ from gateway.main import create_app
 from gateway.metrics.middleware import api_of
 from gateway.metrics.reasons import KINDS, reason_kind
 from gateway.metrics.registry import GatewayMetrics
-from gateway.recording.lineage import LineageRow, resolve_orphans
+from gateway.recording.lineage import LineageRow, continues_orphan, resolve_orphans
 from rlgw.eligibility import (
     CROSSED_SWAP,
     DOUBTFUL_COMMIT,
     ECHO_ONLY,
     NOT_FOLLOWING,
     ineligible_reasons,
+    session_reason,
 )
 from rlgw.settings import Settings
 
@@ -66,10 +67,8 @@ def test_exclusion_and_orphan_reasons_have_their_kind():
     ]
     superseded = resolve_orphans(rows)["a"]
     assert reason_kind(superseded) == "orphan"
-    assert reason_kind("continues orphan chatcmpl-1") == "orphan"
-    assert reason_kind("session was closed before this completion was recorded") == (
-        "session_closed"
-    )
+    assert reason_kind(continues_orphan("chatcmpl-1")) == "orphan"
+    assert reason_kind(session_reason("closed")) == "session_closed"
     assert reason_kind(CROSSED_SWAP) == "crossed_swap"
     assert reason_kind(NOT_FOLLOWING) == "not_following"
     assert reason_kind(DOUBTFUL_COMMIT) == "doubtful_commit"

@@ -18,7 +18,7 @@ MODEL = "m"
 
 def pool_of(*views: BackendView, hold_timeout_s: float = 30.0) -> BackendPool:
     """A pool holding `views` as if read from the registry (refresh() is never called here)."""
-    pool = BackendPool(sessions=None, hold_timeout_s=hold_timeout_s)  # type: ignore[arg-type]
+    pool = BackendPool(db_sessions=None, hold_timeout_s=hold_timeout_s)  # type: ignore[arg-type]
     pool._by_id.update({v.id: v for v in views})
     return pool
 

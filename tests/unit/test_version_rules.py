@@ -23,7 +23,7 @@ def rules(current=1, candidate=2, share=None, held_back=(2,)) -> VersionRules:
 
 
 def pool(versions: VersionRules, *served: int) -> BackendPool:
-    p = BackendPool(sessions=None, hold_timeout_s=0.2)  # type: ignore[arg-type]
+    p = BackendPool(db_sessions=None, hold_timeout_s=0.2)  # type: ignore[arg-type]
     p._by_id.update(
         {i: BackendView(i, MODEL, f"http://b{i}", "active", v, 0) for i, v in enumerate(served, 1)}
     )

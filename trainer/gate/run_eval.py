@@ -23,7 +23,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from rlgw import agent_keys
-from rlgw.db.models import AgentSession, Completion
+from rlgw.db.models import Completion
+from rlgw.session_rows import insert_named
 from rlgw.settings import Settings
 
 from .evaluation import score
@@ -110,8 +111,8 @@ class GatewayEval:
 
     def _open(self, session_id: str, version: int, eval_name: str, index: int) -> None:
         with self.db_sessions() as db, db.begin():
-            db.add(
-                AgentSession(
+            db.execute(
+                insert_named(
                     id=session_id,
                     tenant=GATE_TENANT,
                     train=False,

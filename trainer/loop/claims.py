@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from rlgw.db.models import AgentSession, SessionGroup
 from rlgw.governance.consent import consented_sql
+from rlgw.session_status import SessionStatus
 from rlgw.trajectory import group_verdict
 
 INSTANCE_LOCK_NAMESPACE = 7_262_002
@@ -59,7 +60,9 @@ class Claim:
 def release_dead_claims(db: Session) -> int:
     """Return to `closed` every claim whose trainer no longer holds its instance lock."""
     owners = db.scalars(
-        select(AgentSession.claimed_by).distinct().where(AgentSession.status == "claimed")
+        select(AgentSession.claimed_by)
+        .distinct()
+        .where(AgentSession.status == SessionStatus.CLAIMED)
     ).all()
     released = 0
     for owner in owners:
@@ -70,8 +73,10 @@ def release_dead_claims(db: Session) -> int:
             db.execute(select(func.pg_advisory_unlock(INSTANCE_LOCK_NAMESPACE, owner)))
             released += db.execute(
                 update(AgentSession)
-                .where(AgentSession.status == "claimed", AgentSession.claimed_by == owner)
-                .values(status="closed", claimed_by=None, claimed_at=None)
+                .where(
+                    AgentSession.status == SessionStatus.CLAIMED, AgentSession.claimed_by == owner
+                )
+                .values(status=SessionStatus.CLOSED, claimed_by=None, claimed_at=None)
             ).rowcount
     return released
 
@@ -86,7 +91,8 @@ def _claim_groups(
             SessionGroup.status == "open",
             text(
                 "EXISTS (SELECT 1 FROM sessions s WHERE s.group_id = groups.id "
-                f"AND s.status = 'closed' AND s.train AND {_FOR_MODEL} AND {_CONSENTED})"
+                f"AND s.status = '{SessionStatus.CLOSED}' AND s.train "
+                f"AND {_FOR_MODEL} AND {_CONSENTED})"
             ),
         )
         .order_by(SessionGroup.created_at)
@@ -102,7 +108,7 @@ def _claim_groups(
             select(AgentSession)
             .where(
                 AgentSession.group_id == group.id,
-                AgentSession.status == "closed",
+                AgentSession.status == SessionStatus.CLOSED,
                 AgentSession.train.is_(True),
                 text(consented_sql("sessions")),
             )
@@ -112,7 +118,7 @@ def _claim_groups(
         if verdict.status == "dropped":
             group.status, group.dropped_reason = "dropped", verdict.reason
             for member in members:
-                member.status = "dropped"
+                member.status = SessionStatus.DROPPED
                 member.dropped_reason = f"group {group.id} dropped: {verdict.reason}"
                 claim.dropped[member.id] = member.dropped_reason
             continue
@@ -124,7 +130,7 @@ def _claim_singletons(db: Session, model: str, limit: int, claim: Claim, consent
         db.execute(
             text(f"""
         SELECT s.id FROM sessions s
-        WHERE s.status = 'closed' AND s.group_id IS NULL AND s.train
+        WHERE s.status = '{SessionStatus.CLOSED}' AND s.group_id IS NULL AND s.train
           AND {_FOR_MODEL} AND {_HAS_COUNTING_REWARD} AND {_CONSENTED}
         ORDER BY s.closed_at, s.id
         LIMIT :limit
@@ -143,10 +149,10 @@ def _drop_unrewarded(db: Session, model: str, older_than: datetime, claim: Claim
     rows = (
         db.execute(
             text(f"""
-        UPDATE sessions s SET status = 'dropped', dropped_reason = :reason
+        UPDATE sessions s SET status = '{SessionStatus.DROPPED}', dropped_reason = :reason
         WHERE s.id IN (
             SELECT s.id FROM sessions s
-            WHERE s.status = 'closed' AND s.group_id IS NULL AND s.train
+            WHERE s.status = '{SessionStatus.CLOSED}' AND s.group_id IS NULL AND s.train
               AND s.closed_at < :older_than AND {_FOR_MODEL} AND NOT {_HAS_COUNTING_REWARD}
             FOR UPDATE OF s SKIP LOCKED)
         RETURNING s.id
@@ -183,7 +189,7 @@ def claim_sessions(
         db.execute(
             update(AgentSession)
             .where(AgentSession.id.in_(claim.session_ids))
-            .values(status="claimed", claimed_by=instance_id, claimed_at=now)
+            .values(status=SessionStatus.CLAIMED, claimed_by=instance_id, claimed_at=now)
         )
     return claim
 
@@ -192,6 +198,6 @@ def unclaim(db: Session, session_ids: list[str]) -> None:
     """Give claimed sessions back (an update that could not be made)."""
     db.execute(
         update(AgentSession)
-        .where(AgentSession.id.in_(session_ids), AgentSession.status == "claimed")
-        .values(status="closed", claimed_by=None, claimed_at=None)
+        .where(AgentSession.id.in_(session_ids), AgentSession.status == SessionStatus.CLAIMED)
+        .values(status=SessionStatus.CLOSED, claimed_by=None, claimed_at=None)
     )

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from rlgw.db.models import AgentSession, Consumption
+from rlgw.session_status import SessionStatus
 
 
 def record_ledger(
@@ -54,4 +55,4 @@ def record_ledger(
         for s in skips
     )
     for session in agent_sessions.values():
-        session.status, session.consumed_at = "consumed", now
+        session.status, session.consumed_at = SessionStatus.CONSUMED, now

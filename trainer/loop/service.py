@@ -33,6 +33,7 @@ from rlgw import test_hooks
 from rlgw.db.models import AgentSession
 from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
+from rlgw.session_status import SessionStatus
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
 
@@ -224,7 +225,7 @@ class OnlineTrainer:
             with self.db_sessions() as db, db.begin():
                 for sid in claim.session_ids:
                     session = db.get(AgentSession, sid)
-                    session.status = "dropped"
+                    session.status = SessionStatus.DROPPED
                     session.dropped_reason = (
                         NO_SIGNAL
                         if silent
