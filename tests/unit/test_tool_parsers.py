@@ -64,7 +64,7 @@ def test_a_named_parser_that_fits_or_that_is_unknown_here_is_passed_on(tmp_path)
 
 
 def test_the_project_presets_keep_hermes(tmp_path):
-    from trainer.init_model import create_model
+    from trainer.models.init_model import create_model
 
     model = create_model(tmp_path / "tiny", preset="tiny", seed=0)
     assert choose_tool_parser(model or tmp_path / "tiny", AUTO).parser == "hermes"

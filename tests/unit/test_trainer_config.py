@@ -58,7 +58,7 @@ def test_warmup_rises_linearly_to_the_peak_then_holds() -> None:
 
 
 def test_the_step_count_of_the_schedule_survives_a_restart_of_the_moments() -> None:
-    from trainer.update import steps_done
+    from trainer.loop.update import steps_done
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
