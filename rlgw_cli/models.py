@@ -15,7 +15,7 @@ from .database import ready_database_url
 from .output import CommandError, info
 from .train import trainer_errors
 
-DEFAULT_MODEL = "smollm2-135m-instruct"  # a real pretrained instruct model (trainer/pretrained.py)
+DEFAULT_MODEL = "smollm2-135m-instruct"  # a real pretrained instruct model (trainer/models/pretrained.py)
 RANDOM_PRESETS = ["tiny", "small", "bench-0.5b"]  # random local models, for tests and benchmarks
 PRESETS = [DEFAULT_MODEL, *RANDOM_PRESETS]
 
@@ -73,7 +73,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     from trainer.models.init_model import create_model
 
     if args.preset not in RANDOM_PRESETS:  # the pretrained model: a link to the shared cache
-        from trainer.pretrained import PRETRAINED, PretrainedError, install_pretrained
+        from trainer.models.pretrained import PRETRAINED, PretrainedError, install_pretrained
 
         try:
             install_pretrained(Path(args.out), PRETRAINED[args.preset], log=info)
