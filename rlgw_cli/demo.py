@@ -35,6 +35,7 @@ from rlgw.placement import Placement
 from rlgw.ports import free_port
 from rlgw.registry import register_backend
 from rlgw.settings import Settings
+from trainer.config import TrainerConfig
 
 from .database import resolve_database_url
 from .models import DEFAULT_MODEL
@@ -58,6 +59,13 @@ class DemoOptions:
     eval_prompts: int = 25  # the real task's held-out split has 25 pairs
     eval_samples: int = 4  # samples per held-out prompt at each evaluation
     eval_every_s: float = 120.0
+    # The first and the last evaluation (before and after training) with more samples per
+    # held-out prompt than those in between (None: eval_samples): the benchmark's big ones.
+    edge_eval_samples: int | None = None
+    # False: the budget counts from the start, the first evaluation included (rlgw demo);
+    # True: it starts once the first evaluation is done (minutes of training, the benchmark).
+    clock_after_baseline: bool = False
+    drain_s: float = 120.0  # at the end, how long an update in flight is waited for
     concurrency: int = 24  # sessions in flight at once (agents and evaluation together)
     trainer: dict = field(default_factory=dict)  # TrainerConfig fields given (flags, file)
     out_dir: Path = Path("demo-results")
@@ -67,10 +75,12 @@ class DemoOptions:
 
 @dataclass
 class Curve:
-    points: list[dict] = field(default_factory=list)  # {t, version, reward}
+    points: list[dict] = field(default_factory=list)  # {t, version, reward, samples}
 
-    def add(self, t: float, version: int, reward: float) -> None:
-        self.points.append({"t": round(t, 2), "version": version, "reward": round(reward, 4)})
+    def add(self, t: float, version: int, reward: float, samples: int = 0) -> None:
+        self.points.append(
+            {"t": round(t, 2), "version": version, "reward": round(reward, 4), "samples": samples}
+        )
         info(f"[demo] t={t:6.1f}s  version {version:3d}  held-out reward {reward:.3f}")
 
 
@@ -90,6 +100,8 @@ class DemoRun:
         self.t0 = 0.0
         self.generated = 0  # training groups fully played
         self.updates: list[dict] = []  # the trainer's metrics, one per version
+        self.training_s = 0.0  # wall-clock seconds from the start of the budget to the last update
+        self.model_path: Path | None = None  # the served checkpoint (version 0), once known
 
     # ------------------------------------------------------------------ setup
     def model_dir(self) -> Path:
@@ -166,27 +178,33 @@ class DemoRun:
             await self.play(gw, next(prompts), self.options.group_size, train=True)
             self.generated += 1
 
-    async def evaluate(self, gw) -> float:
+    async def evaluate(self, gw, samples: int | None = None, at: float | None = None) -> float:
+        """Held-out success at temperature 1: `samples` (default: eval_samples) completions of
+        each held-out prompt, recorded as one point of the curve at `at` seconds (default: now,
+        from the start of the budget)."""
         version = self.trainer.version  # the latest committed version (swaps follow within ~1 s)
         prompts = self.held_out_prompts()
+        per_prompt = samples or self.options.eval_samples
         rewards = await asyncio.gather(
-            *(self.play(gw, p, self.options.eval_samples, train=False) for p in prompts)
+            *(self.play(gw, p, per_prompt, train=False) for p in prompts)
         )
-        mean = sum(sum(r) for r in rewards) / sum(len(r) for r in rewards)
-        self.curve.add(time.monotonic() - self.t0, version, mean)
+        count = sum(len(r) for r in rewards)
+        mean = sum(sum(r) for r in rewards) / count
+        self.curve.add(time.monotonic() - self.t0 if at is None else at, version, mean, count)
         return mean
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict:
         from gateway.main import create_app
-        from trainer.config import TrainerConfig
         from trainer.loop.service import OnlineTrainer
 
         o = self.options
         url = resolve_database_url(self.settings)
         self.settings = self.settings.model_copy(update={"database_url": url})
         upgrade(url)
-        model_dir = self.model_dir()
+        model_dir = self.model_path = self.model_dir()
+        given = {**(TINY_TRAINER if o.preset == TINY_PRESET else {}), **o.trainer}
+        config = TrainerConfig(**{"seed": o.seed, **given})
         port = o.backend_port or free_port()
         log = self.settings.home / "logs" / f"{self.model_name}.log"
         info(f"[demo] {self.model_name}: starting vLLM (log: {log})")
@@ -196,6 +214,7 @@ class DemoRun:
             served_model_name=self.model_name,
             log_path=log,
             placement=o.placement,
+            lora_rank=config.lora_rank or None,  # LoRA: the backend serves run-time adapters
         )
         engine = make_sync_engine(url)
         try:
@@ -206,8 +225,6 @@ class DemoRun:
                 f"http://127.0.0.1:{port}",
                 model_path=str(model_dir),
             )
-            given = {**(TINY_TRAINER if o.preset == TINY_PRESET else {}), **o.trainer}
-            config = TrainerConfig(**{"seed": o.seed, **given})
             info(f"[demo] trainer config: {config.describe()}")
             app = create_app(self.gateway_settings())
             with GatewayThread(app, o.gateway_port or free_port()) as gateway:
@@ -231,8 +248,11 @@ class DemoRun:
         self.slots = asyncio.Semaphore(self.options.concurrency)
         async with AsyncGateway(url, timeout=300) as gw:
             self.t0 = time.monotonic()
+            # the budget is training time when the clock starts after this: the point is at t = 0
+            await self.evaluate(gw, o.edge_eval_samples, at=0.0 if o.clock_after_baseline else None)
+            if o.clock_after_baseline:
+                self.t0 = time.monotonic()
             deadline = self.t0 + o.minutes * 60
-            await self.evaluate(gw)
             agents = [asyncio.create_task(self.agent_loop(gw, i)) for i in range(o.agents)]
             next_eval = time.monotonic() + o.eval_every_s
             # One loop in every placement: a colocated trainer pauses generation itself (at the
@@ -250,13 +270,16 @@ class DemoRun:
             for task in agents:
                 task.cancel()
             await asyncio.gather(*agents, return_exceptions=True)
-            training.join(timeout=120)
-            await self.evaluate(gw)
+            training.join(timeout=o.drain_s)
+            if training.is_alive():  # an update still in flight: the budget ends here anyway
+                self.training_s = time.monotonic() - self.t0
+            await self.evaluate(gw, o.edge_eval_samples)
 
     def _train_until_stopped(self, trainer) -> None:
         while not self.stop.is_set():
             if self._train_once(trainer) is None:
                 time.sleep(0.2)
+        self.training_s = time.monotonic() - self.t0
 
     def _train_once(self, trainer):
         report = trainer.step()
@@ -275,6 +298,7 @@ class DemoRun:
             "trainer_tokens": int(tokens),
             "trainer_tokens_per_s": round(tokens / train_s, 1) if train_s else 0.0,
             "trainer_step_tokens_per_s": round(tokens / step_s, 1) if step_s else 0.0,
+            "training_wall_s": round(self.training_s, 1),  # the budget, and the update drained
         }
 
     def report(self) -> dict:
@@ -362,8 +386,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         import torch  # here for start-up time
 
         torch.set_num_threads(threads)  # the trainer's share; vLLM is pinned to the others
+    if args.eval_samples < 1 or args.eval_every <= 0:
+        raise CommandError("--eval-samples must be >= 1 and --eval-every > 0", code=2)
     try:
         trainer = trainer_overrides(args)
+        TrainerConfig(**trainer)  # its checks, before anything starts
     except ValueError as exc:
         raise CommandError(str(exc), code=2) from None
     options = DemoOptions(
@@ -373,6 +400,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         preset=args.preset,
         trainer=trainer,
         out_dir=Path(args.out),
+        eval_samples=args.eval_samples,
+        eval_every_s=args.eval_every,
     )
     summary = run_demo(Settings(), options)
     return 0 if summary["gain"] > 0 else 1
@@ -395,3 +424,19 @@ def add_commands(add) -> None:
     add_placement_flags(p)
     add_trainer_flags(p, skip=("seed",))  # the demo's --seed seeds the trainer too
     p.add_argument("--out", default="demo-results", help="where the JSON and PNG go")
+    defaults = DemoOptions()
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=defaults.eval_samples,
+        help="samples of each held-out prompt per evaluation, at temperature 1 "
+        f"(default {defaults.eval_samples}: {defaults.eval_samples * defaults.eval_prompts} "
+        "per evaluation; bench/learning.py evaluates 500 before and after)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=float,
+        default=defaults.eval_every_s,
+        metavar="SECONDS",
+        help=f"seconds between held-out evaluations (default {defaults.eval_every_s:g})",
+    )
