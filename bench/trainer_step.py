@@ -164,10 +164,10 @@ def raw_share(trainer: OnlineTrainer, samples: list, dtype: str) -> None:
     trainer's own model and optimizer (every rank calls it: a collective when sharded)."""
     rank, world = collectives.rank(), collectives.world_size()
     mine = samples[rank::world]  # as the update splits a batch
-    batch = to_device(collate(mine, trainer.loop.policy.pad_id), trainer.dist.device)
-    trainer.loop.policy.training.train()
-    raw_step(trainer.loop.policy.training, trainer.optimizer, batch, dtype, world)
-    trainer.loop.policy.training.eval()
+    batch = to_device(collate(mine, trainer.policy.pad_id), trainer.dist.device)
+    trainer.policy.training.train()
+    raw_step(trainer.policy.training, trainer.optimizer, batch, dtype, world)
+    trainer.policy.training.eval()
 
 
 def launch(args: argparse.Namespace, dtype: str, nproc: int, backend_url: str | None) -> dict:
