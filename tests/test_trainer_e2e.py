@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,6 +130,14 @@ def env(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Env]:
     stop_vllm_servers(servers)
 
 
+def gateway_heard(env: Env, version: int, timeout_s: float = 30) -> None:
+    """Wait until the gateway's own view of the backend (GET /healthz) serves `version`."""
+    deadline = time.monotonic() + timeout_s
+    while env.http.get("/healthz").json()["backends"][0]["served_version"] != version:
+        assert time.monotonic() < deadline, f"the gateway never heard of version {version}"
+        time.sleep(0.05)
+
+
 def drain_queue(env: Env) -> None:
     """Consume whatever earlier tests left eligible, so each test starts from an empty queue."""
     trainer = env.trainer(max_staleness=100)
@@ -147,6 +156,9 @@ def test_one_update_is_served_verified_and_recorded_in_the_ledger(env):
     assert [s.outcome for s in report.swaps] == ["swapped"]
     served = served_scores(httpx.Client(), env.backend, MODEL_NAME)
     assert served.max_abs_diff(reference_scores(trainer.model)) <= 1e-4
+    # The gateway hears the swap's commit by NOTIFY; the trainer runs in this process too, so on
+    # a loaded machine that can take a moment. New requests are those sent after it heard.
+    gateway_heard(env, start + 1)
     new_reply = openai.OpenAI(
         base_url=f"{env.gateway}/v1", api_key="unused"
     ).chat.completions.create(
@@ -166,25 +178,6 @@ def test_one_update_is_served_verified_and_recorded_in_the_ledger(env):
     trainer.close()
     reply = env.http.post(f"/v1/sessions/{episodes[0][0]}/rewards", json={"value": 1.0})
     assert reply.status_code == 409 and reply.json()["error"]["code"] == "session_consumed"
-
-
-def test_a_group_with_one_reward_for_all_makes_no_version_and_says_why(env):
-    """Every member of the group got 1.0: normalized, every advantage is 0 and the gradient is
-    zero. No version is made (no step, no swap); the sessions are dropped with the reason."""
-    drain_queue(env)
-    same = [env.episode(1.0, group_id="all-right", group_size=3) for _ in range(3)]
-    version = current_version(env)
-    trainer = env.trainer()
-    report = trainer.step()
-    assert report is not None and report.version is None and report.sessions == 3
-    assert current_version(env) == version
-    with env.db() as db:
-        rows = [db.get(AgentSession, s) for s, _ in same]
-        assert {(r.status, r.dropped_reason) for r in rows} == {("dropped", NO_SIGNAL)}
-    env.episode(1.0, group_id="mixed", group_size=2)
-    env.episode(0.0, group_id="mixed", group_size=2)
-    assert trainer.step().version == version + 1  # an ordinary group still trains
-    trainer.close()
 
 
 def run_trainer_process(env: Env, fault: str | None) -> subprocess.CompletedProcess:
@@ -267,7 +260,7 @@ def test_stale_completions_are_skipped_with_a_recorded_reason(env):
         db.execute(
             text("UPDATE sessions SET status = 'closed' WHERE id = :id"), {"id": stale_session}
         )
-    fresh = env.episode(0.0)
+    fresh = env.episode(0.5)  # a learning signal: a batch without one makes no version
     report = trainer.step()
     trainer.close()
     assert report is not None and report.skipped == 1
@@ -510,3 +503,23 @@ def test_a_recorded_version_exports_as_a_checkpoint_that_serves_the_same(env, tm
         with pytest.raises(SystemExit) as refused:
             rlgw_main(["export-model", "--model", MODEL_NAME, "--version", "999", "--out", "x"])
     assert refused.value.code == 2  # a usage error, said in one line
+
+
+# Last in the module: the version it trains would shift the anchor versions of the tests above.
+def test_a_group_with_one_reward_for_all_makes_no_version_and_says_why(env):
+    """Every member of the group got 1.0: normalized, every advantage is 0 and the gradient is
+    zero. No version is made (no step, no swap); the sessions are dropped with the reason."""
+    drain_queue(env)
+    same = [env.episode(1.0, group_id="all-right", group_size=3) for _ in range(3)]
+    version = current_version(env)
+    trainer = env.trainer()
+    report = trainer.step()
+    assert report is not None and report.version is None and report.sessions == 3
+    assert current_version(env) == version
+    with env.db() as db:
+        rows = [db.get(AgentSession, s) for s, _ in same]
+        assert {(r.status, r.dropped_reason) for r in rows} == {("dropped", NO_SIGNAL)}
+    env.episode(1.0, group_id="mixed", group_size=2)
+    env.episode(0.0, group_id="mixed", group_size=2)
+    assert trainer.step().version == version + 1  # an ordinary group still trains
+    trainer.close()

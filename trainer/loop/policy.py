@@ -127,12 +127,15 @@ class Policy:
         return self.restore_moments(path, version)
 
     def _new_optimizer(self) -> torch.optim.AdamW:
-        return torch.optim.AdamW(
+        optimizer = torch.optim.AdamW(
             [p for p in self.training.parameters() if p.requires_grad],  # LoRA: the adapter
             lr=self.config.learning_rate,
             betas=self.config.betas,
             weight_decay=self.config.weight_decay,
         )
+        for group in optimizer.param_groups:  # the warmup's base (trainer/loop/update.py), saved
+            group["initial_lr"] = group["lr"]  # with the moments and present in every new one
+        return optimizer
 
     # ------------------------------------------------------------------ AdamW moments
     def gather_moments(self) -> dict | None:

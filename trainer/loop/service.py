@@ -226,11 +226,9 @@ class OnlineTrainer:
                 for sid in claim.session_ids:
                     session = db.get(AgentSession, sid)
                     session.status = SessionStatus.DROPPED
-                    session.dropped_reason = (
-                        NO_SIGNAL
-                        if silent
-                        else "; ".join(sorted({s.reason for s in skips if s.session_id == sid}))
-                        or "no steps"
+                    skipped = sorted({s.reason for s in skips if s.session_id == sid})
+                    session.dropped_reason = "; ".join(skipped) or (
+                        NO_SIGNAL if silent else "no steps"
                     )
             if silent:
                 self.log(f"[train] {len(claim.session_ids)} session(s) dropped: {NO_SIGNAL}")

@@ -71,8 +71,8 @@ def policy_update(
     scheduled: bool = False,
 ) -> dict[str, float]:
     """Optimise on `samples`; returns token-weighted metrics over the minibatches (all ranks).
-    `scheduled`: each step's learning rate is the config's (warmup included); otherwise the
-    optimizer's own stands (an optimizer a caller made for itself).
+    `scheduled`: each step's learning rate is the optimizer's initial one times the config's
+    warmup factor; otherwise the optimizer's own stands (an optimizer a caller made for itself).
 
     Under torch.distributed the model must be sharded with `trainer.loop.distributed.shard_model`
     (or, a LoRA model, replicated with `replicate_model`) and
@@ -145,8 +145,9 @@ def _optimise(
             sums = [a + b for a, b in zip(sums, weighted, strict=True)]
         grad_norms += collectives.clip_grad_norm(model.parameters(), config.grad_clip) * n_tokens
         if scheduled:  # the step count lives in AdamW's state: the schedule survives restarts
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr_at(steps_done(optimizer) + 1)
+            factor = config.warmup_factor(steps_done(optimizer) + 1)
+            for group in optimizer.param_groups:  # torch's scheduler convention: initial_lr
+                group["lr"] = group.setdefault("initial_lr", group["lr"]) * factor
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         steps.append(i)
