@@ -163,6 +163,18 @@ class Settings(HomeSettings):
         description="Default per-group normalization of session returns (a group may choose its "
         "own at creation). A group of one always keeps its raw reward.",
     )
+    reward_min: float = Field(
+        default=-1e6,
+        allow_inf_nan=False,
+        description="The smallest reward the API accepts; a lower value is refused with 422. "
+        "Bounded by default so that a tenant's typo (1e308) cannot overflow a group's "
+        "normalization; widen it if your rewards are larger.",
+    )
+    reward_max: float = Field(
+        default=1e6,
+        allow_inf_nan=False,
+        description="The largest reward the API accepts; a higher value is refused with 422.",
+    )
     group_deadline_s: float = Field(
         default=3600.0,
         gt=0,
@@ -297,6 +309,15 @@ class Settings(HomeSettings):
             raise ValueError(
                 "RLGW_VERSION_FILES_TOKEN must not be the admin key: it is handed to every "
                 "backend; use a token of its own (or leave it empty to generate one)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_reward_range(self) -> Settings:
+        if not self.reward_min < self.reward_max:
+            raise ValueError(
+                f"RLGW_REWARD_MIN ({self.reward_min}) must be below RLGW_REWARD_MAX "
+                f"({self.reward_max})"
             )
         return self
 

@@ -177,6 +177,26 @@ def test_non_finite_reward_is_422_and_stores_nothing(http, raw):
     assert after["rewards"] == before["rewards"] and after["status"] == before["status"] == "open"
 
 
+@pytest.mark.parametrize("value", [1e308, -1e308, 1e6 + 1, -1e6 - 1])
+def test_reward_outside_the_range_is_422_and_stores_nothing(http, value):
+    """The default range is [-1e6, 1e6] (RLGW_REWARD_MIN/MAX): a reward beyond it, which could
+    overflow a group's normalization, is refused in the error envelope; nothing is stored."""
+    session = new_session(http)
+    complete(session["base_url"])
+    url = f"/v1/sessions/{session['id']}/rewards"
+    assert http.post(url, json={"value": 1e6}).status_code == 201  # the bounds are inclusive
+    reply = http.post(url, json={"value": value}, headers={"Idempotency-Key": "out-of-range"})
+    assert reply.status_code == 422, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "reward_out_of_range" and error["param"] == "value"
+    assert "RLGW_REWARD_MAX" in error["message"]
+    after = http.get(f"/v1/sessions/{session['id']}").json()
+    assert [r["value"] for r in after["rewards"]] == [1e6] and after["status"] == "open"
+    # The refused key was not spent: the same key with an in-range value stores it.
+    retry = http.post(url, json={"value": 0.5}, headers={"Idempotency-Key": "out-of-range"})
+    assert retry.status_code == 201, retry.text
+
+
 def test_reward_to_a_consumed_session_is_409_and_changes_nothing(http, database_url):
     session = new_session(http)
     reply = complete(session["base_url"])

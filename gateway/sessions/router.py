@@ -79,9 +79,11 @@ async def post_reward(
     db: DbDep,
     response: Response,
     caller: CallerDep,
+    ctx: ContextDep,
     idempotency_key: IdempotencyKey = None,
 ) -> RewardOut:
     caller.require_session(session_id, "rewards")
+    service.check_reward_range(body.value, ctx.settings)
     reward, created = await service.add_reward(db, session_id, body, idempotency_key, caller.tenant)
     if not created:
         response.status_code = 200

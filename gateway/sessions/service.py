@@ -265,6 +265,18 @@ async def _counts(db: AsyncSession, reward: Reward) -> bool:
     return target is None or target.orphan_reason is None
 
 
+def check_reward_range(value: float, settings: Settings) -> None:
+    """Refuse (422) a reward outside [RLGW_REWARD_MIN, RLGW_REWARD_MAX]: nothing is stored."""
+    if not settings.reward_min <= value <= settings.reward_max:
+        raise APIError(
+            422,
+            f"reward {value!r} is outside this gateway's range [{settings.reward_min!r}, "
+            f"{settings.reward_max!r}] (RLGW_REWARD_MIN, RLGW_REWARD_MAX)",
+            code="reward_out_of_range",
+            param="value",
+        )
+
+
 async def add_reward(
     db: AsyncSession,
     session_id: str,

@@ -56,3 +56,11 @@ def test_auth_is_on_by_default_and_off_is_allowed_on_loopback():
 def test_a_malformed_backend_allowlist_is_refused():
     with pytest.raises(ValidationError, match="allowlist entry"):
         Settings(backend_allowlist="10.0.0.0/99")
+
+
+def test_reward_range_must_be_a_nonempty_interval():
+    assert (Settings().reward_min, Settings().reward_max) == (-1e6, 1e6)
+    with pytest.raises(ValidationError, match="RLGW_REWARD_MIN"):
+        Settings(reward_min=1.0, reward_max=1.0)
+    with pytest.raises(ValidationError):
+        Settings(reward_max=float("inf"))
