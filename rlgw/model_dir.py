@@ -1,5 +1,5 @@
-"""A user's model directory: is it a Hugging Face causal LM that vLLM and transformers can load,
-and what follows from its family (the tool-call parser). Checked before anything starts."""
+"""A user's model directory: is it a Hugging Face causal LM that vLLM and transformers can load?
+Checked before anything starts (the tool-call parser is chosen in rlgw/tool_parsers.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# vLLM's tool-call parser for each `model_type` whose chat template emits that format. Families
-# not listed serve without tool calls unless a parser is named (`--tool-call-parser`).
-TOOL_PARSERS: dict[str, str] = {
-    "qwen2": "hermes",  # Qwen2 / Qwen2.5 (and this project's byte-level presets)
-    "qwen2_moe": "hermes",
-    "qwen3": "hermes",
-    "qwen3_moe": "hermes",
-    "llama": "llama3_json",  # Llama 3.x
-    "mistral": "mistral",
-}
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 ON_DISK_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -34,10 +24,6 @@ class ModelDir:
     model_type: str  # config.model_type, e.g. qwen2
     dtype_on_disk: str | None  # config.torch_dtype (or dtype)
     max_positions: int | None
-
-    def tool_parser(self, override: str | None = None) -> str | None:
-        """The parser vLLM should use: the one named, else the family's, else none."""
-        return override or TOOL_PARSERS.get(self.model_type)
 
 
 def inspect_model_dir(path: Path | str) -> ModelDir:

@@ -13,7 +13,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlgw.model_dir import TOOL_PARSERS, ModelDirError
+from rlgw.model_dir import ModelDirError
+
+# The parser tried first for each `model_type` whose chat template usually emits that format;
+# `choose_tool_parser` keeps it only if the checkpoint meets its needs (PARSER_NEEDS).
+TOOL_PARSERS: dict[str, str] = {
+    "qwen2": "hermes",  # Qwen2 / Qwen2.5 (and this project's byte-level presets)
+    "qwen2_moe": "hermes",
+    "qwen3": "hermes",
+    "qwen3_moe": "hermes",
+    "llama": "llama3_json",  # Llama 3.x
+    "mistral": "mistral",
+}
 
 AUTO = "auto"
 

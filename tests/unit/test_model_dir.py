@@ -40,7 +40,6 @@ def test_a_causal_lm_directory_is_described(tmp_path: Path) -> None:
     model = inspect_model_dir(make_dir(tmp_path / "m", config=QWEN))
     assert model.architecture == "Qwen2ForCausalLM" and model.model_type == "qwen2"
     assert model.dtype_on_disk == "bfloat16" and model.max_positions == 32768
-    assert model.tool_parser() == "hermes" and model.tool_parser("pythonic") == "pythonic"
 
 
 @pytest.mark.parametrize(
