@@ -15,7 +15,8 @@ from .database import ready_database_url
 from .output import CommandError, info
 from .train import trainer_errors
 
-DEFAULT_MODEL = "smollm2-135m-instruct"  # a real pretrained instruct model (trainer/models/pretrained.py)
+# A real pretrained instruct model (trainer/models/pretrained.py).
+DEFAULT_MODEL = "smollm2-135m-instruct"
 RANDOM_PRESETS = ["tiny", "small", "bench-0.5b"]  # random local models, for tests and benchmarks
 PRESETS = [DEFAULT_MODEL, *RANDOM_PRESETS]
 
