@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from rlgw.db.models import AgentSession, SessionGroup
 from rlgw.governance.consent import consented_sql
 from rlgw.session_status import SessionStatus
+from rlgw.settings import Settings
 from rlgw.trajectory import group_verdict
 
 INSTANCE_LOCK_NAMESPACE = 7_262_002
@@ -103,6 +104,8 @@ def release_dead_claims(db: Session) -> int:
     return released
 
 
+DEFAULT_LEASE_S = Settings.model_fields["claim_lease_s"].default  # RLGW_CLAIM_LEASE_S's
+MIN_CLAIM_IDLE_S = 30.0  # the claim transaction's idle bound when the lease is shorter
 GROUP_PAGE = 64  # candidate groups judged per query while looking for ready ones
 
 
@@ -245,13 +248,17 @@ def claim_sessions(
     max_sessions: int,
     reward_deadline_s: float,
     now: datetime,
-    lease_s: float,
+    lease_s: float = DEFAULT_LEASE_S,
     consent: str = "all",
 ) -> Claim:
     """Release the claims whose lease passed, then claim up to `max_sessions` eligible sessions
     (whole ready groups in age order while they fit, then rewarded singletons) whose tenants
     consent to training `model` (`consent`: RLGW_TRAINING_CONSENT, for tenants without a
     policy), each with a lease of `lease_s` seconds; commit before use."""
+    # A trainer stopped in the middle of this transaction would keep its rows locked, and every
+    # other trainer skipping them, until it is continued: the server ends it once idle this long.
+    idle_ms = int(max(lease_s, MIN_CLAIM_IDLE_S) * 1000)
+    db.execute(select(func.set_config("idle_in_transaction_session_timeout", str(idle_ms), True)))
     claim = Claim(released=release_expired_claims(db))
     consents = consent == "all"
     _claim_groups(db, model, max_sessions, now, claim, consents)

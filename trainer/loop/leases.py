@@ -39,12 +39,14 @@ def renew_leases(engine: Engine, instance_id: int, lease_s: float) -> int:
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
-    with Session(engine) as db, db.begin():
-        return db.execute(
+    # One autocommit statement: the server commits it as soon as it has run, so a trainer
+    # stopped in the middle of a beat never leaves the rows locked (others would skip them and
+    # could not release them).
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        return conn.execute(
             update(AgentSession)
             .where(AgentSession.id.in_(locked))
             .values(lease_expires_at=lease_from_now(lease_s))
-            .execution_options(synchronize_session=False)
         ).rowcount
 
 

@@ -4,11 +4,13 @@ version with its ledger in one transaction, then push it to every backend throug
 Crash safety: the transaction that records a version also marks its sessions consumed and writes
 the ledger, so an update either happened completely or not at all. A crash before it leaves the
 sessions claimed by a dead instance: the next trainer releases and re-trains them (from the last
-recorded version's weights). A crash after it leaves backends behind: the next trainer brings them
-to the current version with full weights before training. Versions are recorded and pushed by the
-publisher that `rlgw push` uses too (`trainer/publishing/publish.py`); a version published by
-someone else while this trainer trained makes its commit a VersionConflict: the sessions go back to
-the queue.
+recorded version's weights). A trainer that is stopped rather than dead (SIGSTOP, a frozen VM,
+cut off) loses its claims when their lease passes (trainer/loop/leases.py); continued, it commits
+nothing it no longer holds and goes back to the last committed version. A crash after it leaves
+backends behind: the next trainer brings them to the current version with full weights before
+training. Versions are recorded and pushed by the publisher that `rlgw push` uses too
+(`trainer/publishing/publish.py`); a version published by someone else while this trainer trained
+makes its commit a VersionConflict: the sessions go back to the queue.
 
 Governance (docs/governance.md): before each update the trainer carries out the rollbacks asked
 for over the admin API and follows a moved head (a rollback, a rejected candidate) with that
