@@ -141,6 +141,7 @@ def test_a_group_larger_than_the_batch_is_taken_whole_only_when_nothing_else_is(
         small, big, later = group(db, 2), group(db, 8), group(db, 2)
     first = claim(engine, 4)
     assert sorted(first.session_ids) == sorted(small)  # the big one does not fit after it ...
+    assert first.full  # ... so the batch is as full as whole groups allow (min_sessions met)
     assert not set(later) & set(first.session_ids)  # ... and nothing newer overtakes it
     second = claim(engine, 4)
     assert sorted(second.session_ids) == sorted(big)  # alone, it is taken whole

@@ -73,6 +73,9 @@ class Claim:
     session_ids: list[str] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)  # session id -> reason
     released: list[str] = field(default_factory=list)  # expired leases returned to the queue
+    # The next ready group did not fit in what was left: the batch is as full as whole groups
+    # allow (an update then need not wait for `min_sessions`).
+    full: bool = False
 
 
 def release_dead_claims(db: Session) -> int:
@@ -107,6 +110,10 @@ def release_dead_claims(db: Session) -> int:
 DEFAULT_LEASE_S = Settings.model_fields["claim_lease_s"].default  # RLGW_CLAIM_LEASE_S's
 MIN_CLAIM_IDLE_S = 30.0  # the claim transaction's idle bound when the lease is shorter
 GROUP_PAGE = 64  # candidate groups judged per query while looking for ready ones
+# Pages judged per claim pass at most: a bound on the work of one pass (two queries a group)
+# when very many groups wait for rewards; a ready group behind more pending ones than this
+# waits until some of them are ready or dropped.
+MAX_GROUP_PAGES = 16
 
 
 def _candidate_groups(
@@ -137,13 +144,16 @@ def _claim_groups(
     db: Session, model: str, budget: int, now: datetime, claim: Claim, consent: bool
 ) -> None:
     """Whole ready groups, oldest first, while they fit in `budget` sessions. Readiness is
-    judged over every candidate (page by page), so pending groups never hide a ready one behind
-    them. A ready group larger than the budget is taken whole when nothing is claimed yet (a
-    group is never split: its advantages are normalized over it); otherwise the first ready
-    group that does not fit ends the pass, so no newer group overtakes it."""
+    judged over the candidates page by page (MAX_GROUP_PAGES at most), so pending groups never
+    hide a ready one behind them. A ready group larger than the budget is taken whole when
+    nothing is claimed yet (a group is never split: its advantages are normalized over it);
+    otherwise the first ready group that does not fit ends the pass, so no newer group
+    overtakes it."""
     params = {"model": model, "consent_default": consent}
     after = None
-    while len(claim.session_ids) < budget:
+    for _ in range(MAX_GROUP_PAGES):
+        if len(claim.session_ids) >= budget:
+            return
         page = _candidate_groups(db, params, after)
         if not page:
             return
@@ -174,7 +184,8 @@ def _claim_groups(
                 continue
             room = budget - len(claim.session_ids)
             if len(members) > room and claim.session_ids:
-                return  # the oldest ready group that does not fit waits for the next update
+                claim.full = True  # the oldest ready group that does not fit waits for the next
+                return
             claim.session_ids.extend(m.id for m in members)
             if len(claim.session_ids) >= budget:
                 return

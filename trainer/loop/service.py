@@ -205,7 +205,8 @@ class OnlineTrainer:
                 lease_s=self.settings.claim_lease_s,
                 consent=self.settings.training_consent,
             )
-            if 0 < len(claim.session_ids) < self.config.min_sessions:
+            # too few to update on, unless whole groups cannot fill the batch any better
+            if 0 < len(claim.session_ids) < self.config.min_sessions and not claim.full:
                 unclaim(db, claim.session_ids, self.instance.id)
                 claim.session_ids = []
         if claim.released:
