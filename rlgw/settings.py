@@ -278,6 +278,13 @@ class Settings(HomeSettings):
         description="The platform `rlgw backend` launches vLLM for: cpu or gpu. Empty: gpu when "
         "torch sees a CUDA device, else cpu.",
     )
+    claim_lease_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds a trainer's claim on sessions lasts unless renewed; its heartbeat "
+        "renews it every quarter of this. A trainer that stops renewing (stopped, frozen, cut "
+        "off) loses its claims once it passes, and another trainer takes the sessions.",
+    )
     dist_timeout_s: float = Field(
         default=60.0,
         description="How long a collective of a multi-process trainer waits for a missing rank "

@@ -81,6 +81,11 @@ class Step(Eligibility):
     completion_id: str
     parent_id: str | None
     api: str
+    model: str | None = Field(
+        default=None,
+        description="the model that generated it (a session may call several); a trainer "
+        "trains each model on its own completions only",
+    )
     policy_version: int | None
     prompt_token_ids: list[int]
     output_token_ids: list[int]
@@ -210,6 +215,7 @@ def _step(c: Completion, rewards: list[RewardOut]) -> Step:
         completion_id=c.id,
         parent_id=c.parent_id,
         api=c.api,
+        model=c.model,
         policy_version=c.policy_version,
         prompt_token_ids=unpack_ids(c.prompt_token_ids),
         output_token_ids=unpack_ids(c.output_token_ids),

@@ -153,7 +153,7 @@ def test_a_purge_is_refused_while_an_update_holds_a_claim_of_the_tenant(env):
         assert reply.status_code == 409 and reply.json()["error"]["code"] == "claim_in_progress"
         assert statuses(env, [session_id]) == {"claimed"}  # nothing was deleted
         with sync_session_factory(engine)() as db, db.begin():
-            unclaim(db, claim.session_ids)
+            unclaim(db, claim.session_ids, instance.id)
     finally:
         instance.close()
         engine.dispose()

@@ -20,7 +20,8 @@ DTYPES = ("float32", "bfloat16")
 @dataclass(frozen=True)
 class TrainerConfig:
     # data
-    batch_sessions: int = 8  # sessions (whole groups count together) claimed per update
+    # sessions claimed per update: whole ready groups while they fit (one larger group alone)
+    batch_sessions: int = 32
     min_sessions: int = 1  # an update waits until at least this many are eligible
     max_staleness: int = 4  # versions a completion may lag behind the current one (AReaL's eta)
     max_tokens_per_sample: int = 2048  # longer samples are skipped with a reason

@@ -202,6 +202,11 @@ class AgentSession(Base):
         BigInteger, comment="trainer instance holding the claim (its advisory lock id)"
     )
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="the claim's lease (database clock): its trainer's heartbeat extends it; once "
+        "past, the claim is lost and any trainer returns the session to closed",
+    )
     consumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     dropped_reason: Mapped[str | None] = mapped_column(
         Text, comment="why training will never use this session"
@@ -331,6 +336,22 @@ class Consumption(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     advantage: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = _now()
+
+
+class SessionModelDrop(Base):
+    """A session one model will never train on, while other models still may (its completions
+    of this model were all skipped): the session stays closed for them (docs/training.md)."""
+
+    __tablename__ = "session_model_drops"
+
+    session_id: Mapped[str] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True
+    )
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
 
 

@@ -1,6 +1,7 @@
 """The ledger of an update: one `consumptions` row per sample it trained on (used) and per one it
-skipped (with the reason), and its sessions marked consumed, written in the transaction that
-records the version, so an update either happened completely or not at all."""
+skipped (with the reason), and its sessions marked consumed (or returned to the queue while
+another model they called has still to train on them: trainer/loop/settle.py), written in the
+transaction that records the version, so an update either happened completely or not at all."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from rlgw.db.models import AgentSession, Consumption
-from rlgw.session_status import SessionStatus
+
+from .settle import settle_consumed
 
 
 def record_ledger(
@@ -54,5 +56,5 @@ def record_ledger(
         )
         for s in skips
     )
-    for session in agent_sessions.values():
-        session.status, session.consumed_at = SessionStatus.CONSUMED, now
+    for session in agent_sessions.values():  # consumed; or back to the queue for another model
+        settle_consumed(db, session, model_id, now)

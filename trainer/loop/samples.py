@@ -47,6 +47,7 @@ def _skip_reason(
     current_version: int,
     config: TrainerConfig,
     lineage: Mapping[int, int] | None = None,
+    vocab_size: int | None = None,
 ) -> str | None:
     if advantage is None:
         if sibling:
@@ -54,6 +55,11 @@ def _skip_reason(
         return "the session has no normalized return"
     if not step.eligible:
         return f"not eligible: {step.eligibility_reason}"
+    if vocab_size is not None:
+        ids = (*step.prompt_token_ids, *step.output_token_ids)
+        outside = next((i for i in ids if not 0 <= i < vocab_size), None)
+        if outside is not None:  # an embedding lookup would raise (IndexError, or a CUDA assert)
+            return f"token id {outside} is outside the model's vocabulary ({vocab_size} ids)"
     if step.policy_version is None:
         return "served version unknown"
     # Versions behind along the lineage (after a rollback, numbers alone would mislead).
@@ -83,8 +89,17 @@ def build_samples(
     current_version: int,
     config: TrainerConfig,
     lineage: Mapping[int, int] | None = None,
+    model: str | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[list[Sample], list[Skip]]:
-    """One sample per kept, eligible, fresh-enough completion; every other one is a Skip.
+    """One sample per kept, eligible, fresh-enough completion of `model`; every other one of
+    `model` is a Skip.
+
+    A session may call several models (a planner and a worker): only `model`'s completions are
+    this trainer's, the others are another trainer's and appear in neither list (a step that
+    names no model, from an export made before steps did, counts as `model`'s). A token id
+    outside `vocab_size` (the trained model's embedding rows) is a Skip with the reason, never
+    an index error in a forward pass. None: no filter, no vocabulary check.
 
     A completion's advantage is its session's group-normalized return (the raw return for a
     session without a group): every turn of an episode shares the episode's outcome. A sibling
@@ -96,6 +111,8 @@ def build_samples(
     for t in trajectories:
         siblings = sibling_advantages(t)
         for step in t.steps:
+            if model is not None and step.model not in (None, model):
+                continue  # another model's completion: that model's trainer takes it
             sibling = step.completion_id in siblings
             advantage = siblings[step.completion_id] if sibling else t.return_normalized
             reason = _skip_reason(
@@ -105,6 +122,7 @@ def build_samples(
                 current_version=current_version,
                 config=config,
                 lineage=lineage,
+                vocab_size=vocab_size,
             )
             if reason:
                 skips.append(Skip(t.session_id, step.completion_id, reason))

@@ -4,11 +4,13 @@ version with its ledger in one transaction, then push it to every backend throug
 Crash safety: the transaction that records a version also marks its sessions consumed and writes
 the ledger, so an update either happened completely or not at all. A crash before it leaves the
 sessions claimed by a dead instance: the next trainer releases and re-trains them (from the last
-recorded version's weights). A crash after it leaves backends behind: the next trainer brings them
-to the current version with full weights before training. Versions are recorded and pushed by the
-publisher that `rlgw push` uses too (`trainer/publishing/publish.py`); a version published by
-someone else while this trainer trained makes its commit a VersionConflict: the sessions go back to
-the queue.
+recorded version's weights). A trainer that is stopped rather than dead (SIGSTOP, a frozen VM,
+cut off) loses its claims when their lease passes (trainer/loop/leases.py); continued, it commits
+nothing it no longer holds and goes back to the last committed version. A crash after it leaves
+backends behind: the next trainer brings them to the current version with full weights before
+training. Versions are recorded and pushed by the publisher that `rlgw push` uses too
+(`trainer/publishing/publish.py`); a version published by someone else while this trainer trained
+makes its commit a VersionConflict: the sessions go back to the queue.
 
 Governance (docs/governance.md): before each update the trainer carries out the rollbacks asked
 for over the admin API and follows a moved head (a rollback, a rejected candidate) with that
@@ -26,14 +28,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import torch
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from rlgw import test_hooks
 from rlgw.db.models import AgentSession
 from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
-from rlgw.session_status import SessionStatus
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
 
@@ -48,14 +49,16 @@ from ..publishing.versions import head_version, lineage, materialize, settle_mod
 from ..swap.coordinator import SwapReport
 from ..swap.hold import GenerationHold, NoHold
 from . import collectives
-from .claims import Claim, TrainerInstance, claim_sessions, release_dead_claims, unclaim
+from .claims import Claim, TrainerInstance, claim_sessions, held, release_dead_claims, unclaim
 from .device import slow_bf16_warning
 from .distributed import init_distributed, is_rank0
+from .leases import ClaimLost, Heartbeat, check_held
 from .ledger import record_ledger
 from .optimizer_state import state_path
 from .payload import version_payload
 from .policy import Policy
 from .samples import build_samples
+from .settle import settle_dropped
 from .tracking import RunLog, rejected_outputs, version_scalars
 from .update import UpdateOutOfMemory
 
@@ -106,6 +109,7 @@ class OnlineTrainer:
             with database_errors():
                 self.publisher = Publisher(settings, engine, model_name, log=log)  # UnknownModel
                 self.instance = TrainerInstance(engine)
+                self.heartbeat = Heartbeat(engine, self.instance.id, settings.claim_lease_s, log)
                 with self.db_sessions() as db, db.begin():
                     released = release_dead_claims(db)
                     # LoRA or full weights: as the model's trained versions were made
@@ -170,6 +174,7 @@ class OnlineTrainer:
 
     def close(self) -> None:
         if self.rank0:
+            self.heartbeat.stop()
             self.instance.close()
             self.publisher.close()
             self.run_log.close()
@@ -197,11 +202,18 @@ class OnlineTrainer:
                 max_sessions=self.config.batch_sessions,
                 reward_deadline_s=self.settings.group_deadline_s,
                 now=now,
+                lease_s=self.settings.claim_lease_s,
                 consent=self.settings.training_consent,
             )
-            if 0 < len(claim.session_ids) < self.config.min_sessions:
-                unclaim(db, claim.session_ids)
+            # too few to update on, unless whole groups cannot fill the batch any better
+            if 0 < len(claim.session_ids) < self.config.min_sessions and not claim.full:
+                unclaim(db, claim.session_ids, self.instance.id)
                 claim.session_ids = []
+        if claim.released:
+            self.log(
+                f"[train] released {len(claim.released)} session(s) whose claim lease passed "
+                "(their trainer stopped renewing it)"
+            )
         if claim.dropped:
             self.log(
                 f"[train] dropped {len(claim.dropped)} session(s): "
@@ -217,25 +229,42 @@ class OnlineTrainer:
             current_version=self.version,
             config=self.config,
             lineage=depths,
+            model=self.model_name,
+            vocab_size=self.model.get_input_embeddings().num_embeddings,
         )
         # Nothing trainable, or nothing to learn (every advantage zero: each group's members got
         # the same reward, so the gradient is zero): no version; the sessions are spent, say why.
         silent = bool(samples) and not any(s.advantage for s in samples)
         if not samples or silent:
             with self.db_sessions() as db, db.begin():
-                for sid in claim.session_ids:
-                    session = db.get(AgentSession, sid)
-                    session.status = SessionStatus.DROPPED
-                    skipped = sorted({s.reason for s in skips if s.session_id == sid})
-                    session.dropped_reason = "; ".join(skipped) or (
-                        NO_SIGNAL if silent else "no steps"
-                    )
+                still = db.scalars(  # only what this trainer still holds (its lease not passed)
+                    select(AgentSession)
+                    .where(AgentSession.id.in_(claim.session_ids), held(self.instance.id))
+                    .order_by(AgentSession.id)
+                    .with_for_update()
+                ).all()
+                for session in still:
+                    skipped = sorted({s.reason for s in skips if s.session_id == session.id})
+                    reason = "; ".join(skipped) or (NO_SIGNAL if silent else "no steps")
+                    settle_dropped(db, session, self.publisher.model.id, reason, now)
             if silent:
                 self.log(f"[train] {len(claim.session_ids)} session(s) dropped: {NO_SIGNAL}")
             return StepReport(
                 None, len(claim.session_ids), 0, len(skips), len(claim.session_ids), {}, []
             )
         return claim, trajectories, samples, skips
+
+    def _lost(self, lost: ClaimLost, session_ids: list[str]) -> None:
+        """The update's claim was lost before its commit (its lease passed: this trainer was
+        stopped or cut off longer than RLGW_CLAIM_LEASE_S, and another may have trained those
+        sessions): nothing was recorded; give back what is still held, and go back to the
+        last committed version's weights and AdamW moments, as if the update never ran."""
+        self.log(f"[train] {lost}: this update is not committed (no version, no ledger)")
+        with self.db_sessions() as db, db.begin():
+            unclaim(db, [s for s in session_ids if s not in lost.lost], self.instance.id)
+        with self.db_sessions() as db:
+            head = head_version(db, self.publisher.model.id)
+        self._continue_from(head)
 
     def _tell(self, command: str, samples: list | None = None) -> None:
         """Rank 0 tells the other ranks what this step is: train (with the samples), idle, stop."""
@@ -280,7 +309,8 @@ class OnlineTrainer:
                 metrics = self.policy.update(samples)
             except UpdateOutOfMemory:
                 with self.db_sessions() as db, db.begin():
-                    unclaim(db, claim.session_ids)  # back to the queue, for a smaller setting
+                    # back to the queue, for a smaller setting
+                    unclaim(db, claim.session_ids, self.instance.id)
                 raise
             weights = self.policy.weights()  # the reference (self.model) holds them now
             moments = self.policy.gather_moments()  # the last collective of the step
@@ -308,10 +338,15 @@ class OnlineTrainer:
                     rows=lambda db, version: record_ledger(
                         db, self.publisher.model.id, version, samples, skips, claim.session_ids
                     ),
+                    guard=lambda db: check_held(db, claim.session_ids, self.instance.id),
                 )
+            except ClaimLost as lost:
+                self._lost(lost, claim.session_ids)
+                return None
             except VersionConflict:
                 with self.db_sessions() as db, db.begin():
-                    unclaim(db, claim.session_ids)  # back to the queue, for a trainer on the latest
+                    # back to the queue, for a trainer on the latest
+                    unclaim(db, claim.session_ids, self.instance.id)
                 with self.db_sessions() as db:
                     if not rolled_back_since(db, self.model_name, now):
                         raise

@@ -163,17 +163,21 @@ class Publisher:
         *,
         metrics: dict[str, Any] | None = None,
         rows: Callable[[Session, int], None] | None = None,
+        guard: Callable[[Session], None] | None = None,
     ) -> Published:
         """Record the next version (numbered after the newest) with its payload (`kind.write`'s:
         tensors for a file, the trainer's peft model for a LoRA adapter), built on
         `parent`, as the model's current version, or as its candidate when it has a gate, in one
-        transaction (`rows(db, version)` adds the caller's rows to it: the trainer's ledger).
-        Raises VersionConflict when `parent` is no longer the current version, or a candidate
-        is being judged."""
+        transaction (`rows(db, version)` adds the caller's rows to it: the trainer's ledger;
+        `guard(db)`, first under the model's lock, may raise to record nothing: the trainer's
+        check that it still holds its sessions). Raises VersionConflict when `parent` is no
+        longer the current version, or a candidate is being judged."""
         with self.db_sessions() as db, db.begin():
             # The model's row lock orders publishers: the payload is written under it, so two
             # of them never write the same version's file.
             model = db.get(RegisteredModel, self.model.id, with_for_update=True)
+            if guard is not None:
+                guard(db)
             if model.current_version != parent or model.candidate_version is not None:
                 raise VersionConflict(model.name, parent, model.current_version)
             version = latest_version(db, model.id) + 1
