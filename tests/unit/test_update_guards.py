@@ -209,3 +209,16 @@ def test_under_bfloat16_autocast_the_lm_head_computes_in_float32() -> None:
         fp32 = model(input_ids=batch.inputs).logits
     assert 0 < (ours - fp32).abs().max() < 0.05 * fp32.abs().max()  # the body still ran in bf16
     assert list(model.state_dict()) == names  # the weights' names, and so the files, unchanged
+
+
+def test_one_sample_over_two_epochs_is_restored_too(monkeypatch) -> None:
+    """One sample makes one minibatch whatever `minibatches` says, but two epochs still make two
+    steps: the second one's NaN must undo the first."""
+    model, samples = tiny_model(), random_samples(1)
+    optimizer, before = adamw(model), weights(model)
+    monkeypatch.setenv(NAN_LOSS_ENV, "2")
+    cfg = config(minibatches=4, epochs=2)
+    with pytest.raises(NonFiniteUpdate, match="step 2 of 2"):
+        policy_update(model, optimizer, samples, cfg, PAD_ID, loss_hook=nan_loss)
+    assert all(torch.equal(weights(model)[k], before[k]) for k in before)
+    assert optimizer.state_dict()["state"] == {}

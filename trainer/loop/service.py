@@ -272,10 +272,11 @@ class OnlineTrainer:
                 session.status, session.dropped_reason = SessionStatus.DROPPED, reason
         self.log(f"[train] dropped {len(reasons)} session(s): {next(iter(reasons.values()))}")
 
-    def _tell(self, command: str, samples: list | None = None) -> None:
-        """Rank 0 tells the other ranks what this step is: train (with the samples), idle, stop."""
+    def _tell(self, command: str, payload: Any = None) -> None:
+        """Rank 0 tells the other ranks what this step is: train (with the samples and the
+        version they update), reload (a version), idle, stop."""
         if self.dist.world_size > 1:
-            collectives.broadcast_object((command, samples))
+            collectives.broadcast_object((command, payload))
 
     def follow(self) -> bool:
         """Ranks other than 0: take part in the step rank 0 announces; False once it stops."""

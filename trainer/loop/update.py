@@ -124,11 +124,8 @@ def policy_update(
     failure = None
     scoring_mode(model)  # dropout off, the LM head in fp32 (idempotent)
     # Several steps: one of them may go non-finite after others were taken; keep what to restore.
-    snapshot = (
-        TrainingSnapshot(model, optimizer)
-        if config.minibatches * config.epochs > 1 and len(samples) > 1
-        else None
-    )
+    planned_steps = min(config.minibatches, len(samples)) * config.epochs  # empty slices: none
+    snapshot = TrainingSnapshot(model, optimizer) if planned_steps > 1 else None
     if current_version is None:
         current_version = max((s.version for s in samples), default=0)
     model.train()  # gradient checkpointing in transformers needs it; dropout is off
@@ -248,17 +245,20 @@ def _optimise(
     tokens = max(totals[-1], 1.0)
     out = {k: v / tokens for k, v in zip(METRICS, totals[:-1], strict=True)}
     first_pass_tokens = max(passes["stale_tokens"] + passes["fresh_tokens"], 1.0)
-    return {
+    result = {
         **out,
         "tokens": totals[-1] / config.epochs,  # output tokens trained on (each pass sees them)
         "grad_norm": grad_norms / tokens,
         "lr": lr,
         "entropy": passes["entropy"] / first_pass_tokens,
-        "kl_staleness": passes["kl_staleness"] / max(passes["stale_tokens"], 1.0),
-        "kl_mismatch": passes["kl_mismatch"] / max(passes["fresh_tokens"], 1.0),
         "stale_tokens": passes["stale_tokens"],
         "fresh_tokens": passes["fresh_tokens"],
     }
+    # Each KL only where it has tokens (a batch of fresh samples says nothing of staleness).
+    for kl, n in (("kl_staleness", "stale_tokens"), ("kl_mismatch", "fresh_tokens")):
+        if passes[n] > 0:
+            result[kl] = passes[kl] / passes[n]
+    return result
 
 
 def _first_pass_sums(
