@@ -618,3 +618,28 @@ def test_overflowing_rewards_and_a_nan_loss_make_no_version_and_the_next_group_t
     assert by_session[huge[0]] == by_session[huge[1]] > 0 > by_session[huge[2]]
     assert metrics["entropy"] > 0 and metrics["skipped_frac"] == {}
     assert "kl_mismatch" in metrics or "kl_staleness" in metrics  # as the gateway had heard
+
+
+def test_a_zero_variance_group_is_filtered_out_and_the_rest_of_the_batch_trains(env):
+    """filter_zero_variance: the group whose members all got 1.0 is dropped before the update,
+    with the reason; the other group trains, and only its sessions are consumed and ledgered."""
+    drain_queue(env)
+    version = current_version(env)
+    same = [env.episode(1.0, group_id="same", group_size=2)[0] for _ in range(2)]
+    mixed = [env.episode(r, group_id="mixed-2", group_size=2)[0] for r in (1.0, 0.0)]
+    trainer = env.trainer(filter_zero_variance=True)
+    report = trainer.step()
+    trainer.close()
+    assert report is not None and report.version == version + 1
+    assert dropped_reasons(env, same) == {("dropped", "zero-variance group")}
+    with env.db() as db:
+        assert {db.get(AgentSession, s).status for s in mixed} == {"consumed"}
+        ledgered = set(
+            db.scalars(select(Consumption.session_id).where(Consumption.version == version + 1))
+        )
+        metrics = db.scalar(
+            select(PolicyVersion.metrics).where(PolicyVersion.version == version + 1)
+        )
+    assert ledgered == set(mixed)
+    assert metrics["skipped_frac"] == {"zero_variance": 0.5}
+    assert metrics["config"]["filter_zero_variance"] is True
