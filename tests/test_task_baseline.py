@@ -58,6 +58,9 @@ def test_task_means_average_the_latest_consumed_sessions_of_each_task_on_the_mod
         consumed_by(conn, other, "add-other")
         add_session(conn, "mul0", "mul", "consumed", [0.5], 5)
         consumed_by(conn, model, "mul0")
+        # rewards whose sum overflows float8 (an error in Postgres) are summed exactly
+        add_session(conn, "huge0", "huge", "consumed", [1e308, 1e308, -1e308], 5)
+        consumed_by(conn, model, "huge0")
         # an orphaned completion's reward does not count, as in training
         conn.execute(
             text(
@@ -77,6 +80,7 @@ def test_task_means_average_the_latest_consumed_sessions_of_each_task_on_the_mod
             "add": (1.0 + 0.5 + 0.25) / 3,
             "mul": 0.5,
         }
+        assert task_means(db, model, ["huge"]) == {"huge": 1e308}
         assert task_means(db, model, ["add"], window=10)["add"] == (1.0 + 0.5 + 0.25 + 9.0) / 4
         assert task_means(db, model, []) == {}
     engine.dispose()

@@ -107,3 +107,9 @@ def test_an_rloo_difference_beyond_the_float_range_is_dropped_not_trained():
     batch = [T("a", 1.7e308, 0.0, group_id="g"), T("b", -1.7e308, 0.0, group_id="g")]
     got = session_advantages(batch, TrainerConfig(baseline="rloo"))
     assert set(got.dropped) == {"a", "b"}
+
+
+def test_infinite_returns_of_both_signs_in_a_batch_mean_drop_every_singleton():
+    batch = [T("a", math.inf), T("b", -math.inf), T("c", 0.5)]
+    got = session_advantages(batch, TrainerConfig(singleton_baseline="batch_mean"))
+    assert set(got.dropped) == {"a", "b", "c"}  # the batch's mean is NaN: no baseline for any

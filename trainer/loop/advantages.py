@@ -53,7 +53,8 @@ def _mean(values: Sequence[float]) -> float:
     """A mean that does not overflow for finite values (divide by the largest magnitude first)."""
     scale = max((abs(v) for v in values), default=0.0)
     if not values or scale == 0.0 or not math.isfinite(scale):
-        return math.fsum(values) / len(values) if values else 0.0
+        # inf or NaN among them: their plain mean (NaN for inf - inf), which the caller drops
+        return sum(values) / len(values) if values else 0.0
     return math.fsum(v / scale for v in values) / len(values) * scale
 
 
@@ -62,6 +63,8 @@ def session_advantages(
     config: TrainerConfig,
     task_means: Mapping[str, float] | None = None,
 ) -> Advantages:
+    """Each session's advantage under the config's baselines; `task_means` (task_id -> mean
+    return) is needed for `singleton_baseline = "task_mean"` only."""
     out = Advantages()
     groups: dict[str, list[_Trajectory]] = defaultdict(list)
     for t in trajectories:
@@ -111,5 +114,5 @@ def _group_advantage(
         return None
     if config.baseline == "group" or len(returns) < 2 or t.return_raw is None:
         return t.return_normalized
-    others = [r for m, r in ((m, m.return_raw) for m in members) if m is not t and r is not None]
+    others = [m.return_raw for m in members if m is not t and m.return_raw is not None]
     return t.return_raw - _mean(others)

@@ -16,7 +16,9 @@ def task_means(
     db: Session, model_id: int, task_ids: Iterable[str], window: int = TASK_WINDOW
 ) -> dict[str, float]:
     """task_id -> mean return (sum of counting rewards: none on a retry orphan) over its latest
-    `window` sessions consumed by this model; tasks without any are absent."""
+    `window` sessions consumed by this model; tasks without any are absent. Summed in numeric:
+    float8 arithmetic in Postgres raises on overflow, and rewards may be as large as any finite
+    float."""
     tasks = sorted(set(task_ids))
     if not tasks:
         return {}
@@ -24,7 +26,7 @@ def task_means(
         text(
             "SELECT t.task_id, avg(r.ret) FROM unnest(CAST(:tasks AS text[])) AS t(task_id) "
             "CROSS JOIN LATERAL ("
-            "  SELECT (SELECT sum(rw.value) FROM rewards rw "
+            "  SELECT (SELECT sum(CAST(rw.value AS numeric)) FROM rewards rw "
             "          LEFT JOIN completions c ON c.id = rw.completion_id "
             "          WHERE rw.session_id = s.id AND c.orphan_reason IS NULL) AS ret "
             "  FROM sessions s WHERE s.task_id = t.task_id AND s.status = 'consumed' "
