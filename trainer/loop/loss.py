@@ -53,7 +53,7 @@ def decoupled_ppo_loss(
     mask's lower bound `floor` is IcePop's / MIS's two-sided token mask (0: none). With
     `imp_weight_level="sequence"` a whole sample (row) is masked as well when the geometric mean
     of its w_t over its output tokens, exp(mean_t log w_t), is outside [floor, cap]. Masked
-    tokens stay in the denominator: they contribute zero, as in AReaL's mask.
+    tokens stay in the denominator: they contribute zero.
 
     `token_normalizer` replaces sum_t m_t in the denominator of the returned loss. Gradient
     accumulation passes the output-token count of the whole minibatch (over every rank), so that

@@ -6,8 +6,9 @@ noisy log-probs as soon as `model.train()` runs (which gradient checkpointing in
 needs, so the model stays in train mode and its dropout is set to zero instead).
 
 Under bf16 autocast the LM head's matmul would run in bf16 (8 significant bits) over a large
-vocabulary; it runs in fp32 here, as verl and AReaL keep the logits in fp32, and the log-softmax
-that follows is fp32 already (`token_logprobs`). The rest of the forward stays in bf16.
+vocabulary; it runs in fp32 here (MiniMax-M1, 2025: an fp32 LM head closed the gap between training
+and inference probabilities), and the log-softmax that follows is fp32 already
+(`token_logprobs`). The rest of the forward stays in bf16.
 """
 
 from __future__ import annotations
