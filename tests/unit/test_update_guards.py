@@ -222,3 +222,19 @@ def test_one_sample_over_two_epochs_is_restored_too(monkeypatch) -> None:
         policy_update(model, optimizer, samples, cfg, PAD_ID, loss_hook=nan_loss)
     assert all(torch.equal(weights(model)[k], before[k]) for k in before)
     assert optimizer.state_dict()["state"] == {}
+
+
+def test_an_infinite_gradient_with_a_finite_loss_is_refused_too() -> None:
+    """A gradient hook makes one parameter's gradient infinite (as an overflow inside a backward
+    kernel would): the loss is finite, the global norm is not, and nothing is stepped."""
+    model, samples = tiny_model(), random_samples(4)
+    optimizer, before = adamw(model), weights(model)
+    first = next(p for p in model.parameters() if p.requires_grad)
+    handle = first.register_hook(lambda grad: grad * float("inf"))
+    try:
+        with pytest.raises(NonFiniteUpdate, match="gradient norm of optimizer step 1 of 1"):
+            policy_update(model, optimizer, samples, config(), PAD_ID)
+    finally:
+        handle.remove()
+    assert all(torch.equal(weights(model)[k], before[k]) for k in before)
+    assert optimizer.state_dict()["state"] == {}

@@ -52,6 +52,11 @@ def _fp32_head_forward(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Ten
 
 
 def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's LM head (inside a DDP wrapper too: `replicate_model`); None if it has none."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        model = model.module
     get = getattr(model, "get_output_embeddings", None)
     return get() if callable(get) else None
 
