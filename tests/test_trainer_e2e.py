@@ -643,3 +643,26 @@ def test_a_zero_variance_group_is_filtered_out_and_the_rest_of_the_batch_trains(
     assert ledgered == set(mixed)
     assert metrics["skipped_frac"] == {"zero_variance": 0.5}
     assert metrics["config"]["filter_zero_variance"] is True
+
+
+def test_the_per_task_baseline_survives_a_trainer_restart(env):
+    """singleton_baseline=task_mean: the first sessions of a task train on their raw returns
+    (no history); a new trainer (a restart) subtracts the mean return of the task's consumed
+    sessions, read from Postgres."""
+    drain_queue(env)
+    first = [env.episode(r, task_id="sum-task")[0] for r in (1.0, 0.0, 1.0, 1.0)]
+    trainer = env.trainer(singleton_baseline="task_mean")
+    version = trainer.step().version
+    trainer.close()
+    later = [env.episode(r, task_id="sum-task")[0] for r in (1.0, 0.0)]
+    restarted = env.trainer(singleton_baseline="task_mean")
+    assert restarted.step().version == version + 1
+    restarted.close()
+    with env.db() as db:
+        advantage = dict(
+            db.execute(
+                select(Consumption.session_id, Consumption.advantage).where(Consumption.used)
+            ).all()
+        )
+    assert [advantage[s] for s in first] == [1.0, 0.0, 1.0, 1.0]
+    assert [advantage[s] for s in later] == pytest.approx([1.0 - 0.75, 0.0 - 0.75])
