@@ -17,16 +17,29 @@ def normalize_returns(returns: Mapping[str, float], how: str) -> dict[str, float
 
     mean:      A_i = R_i - mean(R)
     mean_std:  A_i = (R_i - mean(R)) / (std(R) + 1e-6), population std (GRPO, Shao et al. 2024)
+
+    Computed on the returns divided by their largest magnitude s (every one then in [-1, 1]), so
+    that no intermediate overflows: mean_std is (x_i - mean(x)) / (std(x) + 1e-6 / s), the same
+    number, finite for any finite returns ({1e308, 1e308, 0} included); mean is s * (x_i -
+    mean(x)), which overflows only where the true difference exceeds the float range. A
+    non-finite return makes the whole group NaN: nothing meaningful can be said of it, and the
+    trainer drops NaN advantages with a reason.
     """
     if how not in NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, not {how!r}")
     if len(returns) <= 1 or how == "none":
         return dict(returns)
-    mean = sum(returns.values()) / len(returns)
+    if not all(math.isfinite(r) for r in returns.values()):
+        return {k: math.nan for k in returns}
+    scale = max(abs(r) for r in returns.values())
+    if scale == 0.0:
+        return {k: 0.0 for k in returns}
+    scaled = {k: r / scale for k, r in returns.items()}
+    mean = math.fsum(scaled.values()) / len(scaled)
     if how == "mean":
-        return {k: r - mean for k, r in returns.items()}
-    std = math.sqrt(sum((r - mean) ** 2 for r in returns.values()) / len(returns))
-    return {k: (r - mean) / (std + STD_EPSILON) for k, r in returns.items()}
+        return {k: (x - mean) * scale for k, x in scaled.items()}
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in scaled.values()) / len(scaled))
+    return {k: (x - mean) / (std + STD_EPSILON / scale) for k, x in scaled.items()}
 
 
 @dataclass(frozen=True)

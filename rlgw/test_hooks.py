@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 FAULT_ENV = "RLGW_TRAINER_FAULT"
 COMMIT_DELAY_ENV = "RLGW_TEST_COMMIT_DELAY_S"
 STAGE_GATE_ENV = "RLGW_TEST_STAGE_GATE"
+NAN_LOSS_ENV = "RLGW_TEST_NAN_LOSS_STEP"
 
 
 class TestHooks(BaseSettings):
@@ -42,6 +44,11 @@ class TestHooks(BaseSettings):
         "absent, so that a test can send requests while a stage is certainly in progress (a "
         "real stage of the tiny model ends in milliseconds: no other way to hold one open).",
     )
+    test_nan_loss_step: int = Field(
+        default=0,
+        description="The optimizer step of an update (1: its first, counting minibatches over "
+        "epochs) whose loss `nan_loss` makes NaN, as an overflowing reward would; 0: none.",
+    )
 
 
 def crash_point(point: str) -> None:
@@ -61,3 +68,11 @@ def stage_gate() -> None:
     gate = TestHooks().test_stage_gate
     while gate and not Path(gate).exists():
         time.sleep(0.05)
+
+
+def nan_loss(loss: Any, step: int) -> Any:
+    """`loss` times NaN at the update's optimizer step RLGW_TEST_NAN_LOSS_STEP names (from 1),
+    `loss` itself otherwise (a tensor or a number: no torch import here)."""
+    if step and TestHooks().test_nan_loss_step == step:
+        return loss * float("nan")
+    return loss

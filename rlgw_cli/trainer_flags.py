@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from trainer.config import TrainerConfig
+from trainer.config import CHOICES, TrainerConfig
 
 # Help beyond the field's name, where the flag's form needs saying.
 HELP = {
@@ -55,6 +55,8 @@ def add_trainer_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (
             parser.add_argument(flag, default=None, metavar="NAMES", help=help_text)
         elif kind.startswith("tuple[float"):
             parser.add_argument(flag, type=float, nargs=2, metavar="X", help=help_text)
+        elif field.name in CHOICES:  # a string of a fixed set: argparse names them on a typo
+            parser.add_argument(flag, choices=CHOICES[field.name], default=None, help=help_text)
         else:  # int, float, str, or one of them | None
             scalar = {"int": int, "float": float, "str": str}[kind.split(" |")[0]]
             parser.add_argument(flag, type=scalar, default=None, help=help_text)

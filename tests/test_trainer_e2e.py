@@ -26,7 +26,7 @@ from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
 from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import register_backend
-from rlgw.test_hooks import COMMIT_DELAY_ENV, FAULT_ENV
+from rlgw.test_hooks import COMMIT_DELAY_ENV, FAULT_ENV, NAN_LOSS_ENV
 from trainer.backends.parity import reference_scores, served_scores
 from trainer.backends.vllm_control import VllmControl
 from trainer.config import TrainerConfig
@@ -523,3 +523,146 @@ def test_a_group_with_one_reward_for_all_makes_no_version_and_says_why(env):
     env.episode(0.0, group_id="mixed", group_size=2)
     assert trainer.step().version == version + 1  # an ordinary group still trains
     trainer.close()
+
+
+# ----------------------------------------------------------------------------- nothing non-finite
+
+
+def add_raw_rewards(env: Env, session_id: str, values: list[float]) -> None:
+    """Rewards written to the table directly, not over the API: the gateway's reward range check
+    refuses values this large; the trainer must survive them anyway (rows written before that
+    check existed, or by another writer)."""
+    with env.db() as db, db.begin():
+        for value in values:
+            db.execute(
+                text("INSERT INTO rewards (session_id, value, scope) VALUES (:s, :v, 'session')"),
+                {"s": session_id, "v": value},
+            )
+
+
+def trainer_state(trainer: OnlineTrainer) -> tuple[dict, dict]:
+    weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    state = trainer.optimizer.state_dict()
+    moments = {
+        key: {name: value.clone() for name, value in moments.items()}
+        for key, moments in state["state"].items()
+    }
+    return weights, moments
+
+
+def assert_same_state(trainer: OnlineTrainer, before: tuple[dict, dict]) -> None:
+    weights, moments = trainer_state(trainer)
+    assert weights.keys() == before[0].keys()
+    assert all(torch.equal(weights[k], before[0][k]) for k in weights)
+    assert moments.keys() == before[1].keys()
+    for key, values in moments.items():
+        assert all(torch.equal(v, before[1][key][n]) for n, v in values.items()), key
+
+
+def dropped_reasons(env: Env, session_ids: list[str]) -> set[tuple[str, str]]:
+    with env.db() as db:
+        rows = [db.get(AgentSession, s) for s in session_ids]
+        return {(r.status, r.dropped_reason.split(":")[0]) for r in rows}
+
+
+def test_overflowing_rewards_and_a_nan_loss_make_no_version_and_the_next_group_trains(
+    env, monkeypatch
+):
+    """A return that overflows (two rewards of 1e308: inf) makes its group's advantages NaN: the
+    group is dropped before the update. A NaN injected into the loss skips the update. Neither
+    makes a version, and the weights and AdamW moments stay exactly as they were. Then an
+    ordinary group, beside a group of huge but finite rewards {1e308, 1e308, 0} (which the
+    normalization now scales safely), trains a version that the real vLLM serves."""
+    drain_queue(env)
+    assert_a_training_step_swaps_the_next_version(env)  # AdamW holds real moments from here
+    version = current_version(env)
+    trainer = env.trainer()
+    before = trainer_state(trainer)
+    assert before[1], "the restarted trainer restored the moments of the last version"
+
+    overflow = [env.episode(0.0, group_id="overflow", group_size=2)[0] for _ in range(2)]
+    add_raw_rewards(env, overflow[0], [1e308, 1e308])
+    report = trainer.step()
+    assert report is not None and report.version is None and current_version(env) == version
+    assert dropped_reasons(env, overflow) == {("dropped", "non-finite advantage")}
+    assert_same_state(trainer, before)
+
+    monkeypatch.setenv(NAN_LOSS_ENV, "1")
+    poisoned = [env.episode(r, group_id="poisoned", group_size=2)[0] for r in (1.0, 0.0)]
+    report = trainer.step()
+    assert report is not None and report.version is None and current_version(env) == version
+    assert dropped_reasons(env, poisoned) == {("dropped", "non-finite update")}
+    assert_same_state(trainer, before)
+    monkeypatch.delenv(NAN_LOSS_ENV)
+
+    ordinary = [env.episode(r, group_id="ordinary", group_size=2)[0] for r in (1.0, 0.0)]
+    huge = [env.episode(0.0, group_id="huge", group_size=3)[0] for _ in range(3)]
+    add_raw_rewards(env, huge[0], [1e308])
+    add_raw_rewards(env, huge[1], [1e308])
+    report = trainer.step()
+    trainer.close()
+    assert report is not None and report.version == version + 1
+    assert [s.outcome for s in report.swaps] == ["swapped"]
+    assert served_matches(env, trainer.model)
+    with env.db() as db:
+        trained = db.execute(
+            select(Consumption.session_id, Consumption.advantage).where(
+                Consumption.version == version + 1, Consumption.used
+            )
+        ).all()
+        metrics = db.scalar(
+            select(PolicyVersion.metrics).where(PolicyVersion.version == version + 1)
+        )
+    assert {s for s, _ in trained} == set(ordinary + huge)
+    by_session = {s: a for s, a in trained}
+    assert by_session[huge[0]] == by_session[huge[1]] > 0 > by_session[huge[2]]
+    assert metrics["entropy"] > 0 and metrics["skipped_frac"] == {}
+    assert "kl_mismatch" in metrics or "kl_staleness" in metrics  # as the gateway had heard
+
+
+def test_a_zero_variance_group_is_filtered_out_and_the_rest_of_the_batch_trains(env):
+    """filter_zero_variance: the group whose members all got 1.0 is dropped before the update,
+    with the reason; the other group trains, and only its sessions are consumed and ledgered."""
+    drain_queue(env)
+    version = current_version(env)
+    same = [env.episode(1.0, group_id="same", group_size=2)[0] for _ in range(2)]
+    mixed = [env.episode(r, group_id="mixed-2", group_size=2)[0] for r in (1.0, 0.0)]
+    trainer = env.trainer(filter_zero_variance=True)
+    report = trainer.step()
+    trainer.close()
+    assert report is not None and report.version == version + 1
+    assert dropped_reasons(env, same) == {("dropped", "zero-variance group")}
+    with env.db() as db:
+        assert {db.get(AgentSession, s).status for s in mixed} == {"consumed"}
+        ledgered = set(
+            db.scalars(select(Consumption.session_id).where(Consumption.version == version + 1))
+        )
+        metrics = db.scalar(
+            select(PolicyVersion.metrics).where(PolicyVersion.version == version + 1)
+        )
+    assert ledgered == set(mixed)
+    assert metrics["skipped_frac"] == {"zero_variance": 0.5}
+    assert metrics["config"]["filter_zero_variance"] is True
+
+
+def test_the_per_task_baseline_survives_a_trainer_restart(env):
+    """singleton_baseline=task_mean: the first sessions of a task train on their raw returns
+    (no history); a new trainer (a restart) subtracts the mean return of the task's consumed
+    sessions, read from Postgres."""
+    drain_queue(env)
+    first = [env.episode(r, task_id="sum-task")[0] for r in (1.0, 0.0, 1.0, 1.0)]
+    trainer = env.trainer(singleton_baseline="task_mean")
+    version = trainer.step().version
+    trainer.close()
+    later = [env.episode(r, task_id="sum-task")[0] for r in (1.0, 0.0)]
+    restarted = env.trainer(singleton_baseline="task_mean")
+    assert restarted.step().version == version + 1
+    restarted.close()
+    with env.db() as db:
+        advantage = dict(
+            db.execute(
+                select(Consumption.session_id, Consumption.advantage).where(Consumption.used)
+            ).all()
+        )
+    assert [advantage[s] for s in first] == [1.0, 0.0, 1.0, 1.0]
+    assert [advantage[s] for s in later] == pytest.approx([1.0 - 0.75, 0.0 - 0.75])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,24 @@ from typing import Any
 LR_DEFAULTS = {"full": 1e-5, "lora": 1e-4}
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "bfloat16")
+# The objective's options (docs/training.md, "Objective"): the accepted values of each.
+BASELINES = ("group", "rloo")  # a group's advantage: its own normalization | leave-one-out
+SINGLETON_BASELINES = ("none", "task_mean", "batch_mean")  # a session without a group
+OVERLONG = ("keep", "mask", "penalize")  # a completion cut by max_tokens (finish "length")
+IMP_WEIGHT_MODES = ("truncate", "mask")
+IMP_WEIGHT_LEVELS = ("token", "sequence")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+# The string fields with a fixed set of values (the CLI offers them as its flags' choices).
+CHOICES = {
+    "device": DEVICES,
+    "dtype": DTYPES,
+    "imp_weight_mode": IMP_WEIGHT_MODES,
+    "imp_weight_level": IMP_WEIGHT_LEVELS,
+    "baseline": BASELINES,
+    "singleton_baseline": SINGLETON_BASELINES,
+    "overlong": OVERLONG,
+    "lr_schedule": LR_SCHEDULES,
+}
 
 
 @dataclass(frozen=True)
@@ -27,11 +46,24 @@ class TrainerConfig:
     max_tokens_per_sample: int = 2048  # longer samples are skipped with a reason
     # objective: decoupled PPO (Fu et al. 2025, AReaL, eq. 5)
     clip_eps: float = 0.2  # PPO clip range on pi_theta / pi_prox (Schulman et al. 2017: 0.2)
+    clip_eps_high: float | None = None  # upper clip (DAPO's clip-higher); None: clip_eps
+    epochs: int = 1  # passes over the batch per version (each pass: `minibatches` steps)
     imp_weight_cap: float = 5.0  # truncation of pi_prox / pi_behave (AReaL's behav_imp_weight_cap)
     imp_weight_mode: str = "truncate"  # truncate: min(w, cap) | mask: drop tokens with w > cap
+    imp_weight_floor: float = 0.0  # mask: also drop tokens with w < floor (IcePop / MIS)
+    imp_weight_level: str = "token"  # token | sequence: drop samples by the geometric mean of w
+    # advantages (docs/training.md, "Advantages and baselines")
+    baseline: str = "group"  # a group: group (its own normalization) | rloo (leave-one-out)
+    singleton_baseline: str = "none"  # no group: none (raw) | task_mean | batch_mean
+    overlong: str = "keep"  # cut by max_tokens: keep | mask (skip) | penalize (DAPO)
+    overlong_penalty: float = 1.0  # with overlong=penalize: subtracted from the advantage
+    filter_zero_variance: bool = False  # drop groups whose members' returns are all equal (DAPO)
     # optimisation
     lr: float | None = None  # AdamW peak learning rate; None: LR_DEFAULTS for the mode
     lr_warmup_steps: int = 4  # optimizer steps of linear warmup from lr / N up to lr (0: none)
+    lr_schedule: str = "constant"  # after warmup: constant | linear | cosine decay
+    lr_decay_steps: int = 1000  # optimizer steps of decay after warmup (linear, cosine)
+    lr_min_ratio: float = 0.0  # the decay ends at lr * lr_min_ratio, and stays there
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0  # max global grad norm
@@ -50,18 +82,21 @@ class TrainerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.imp_weight_mode not in ("truncate", "mask"):
+        if self.imp_weight_mode not in IMP_WEIGHT_MODES:
             raise ValueError("imp_weight_mode must be 'truncate' (min(w, cap)) or 'mask'")
         if not 0 < self.clip_eps < 1:
             raise ValueError("clip_eps must be in (0, 1); PPO's usual value is 0.2")
+        if self.clip_eps_high is not None and not 0 < self.clip_eps_high < 10:
+            raise ValueError("clip_eps_high must be in (0, 10) (DAPO: 0.28); unset: clip_eps")
         if self.imp_weight_cap < 1:
             raise ValueError("imp_weight_cap below 1 would down-weight on-policy tokens; use >= 1")
+        self._check_objective()
         if self.lr is not None and not self.lr > 0:
             raise ValueError("lr must be > 0 (leave it unset for the mode's default)")
         if self.lr_warmup_steps < 0:
             raise ValueError("lr_warmup_steps must be >= 0 (0: no warmup)")
-        if self.minibatches < 1 or self.batch_sessions < 1 or self.anchor_every < 1:
-            raise ValueError("minibatches, batch_sessions and anchor_every must be >= 1")
+        if min(self.minibatches, self.epochs, self.batch_sessions, self.anchor_every) < 1:
+            raise ValueError("minibatches, epochs, batch_sessions and anchor_every must be >= 1")
         if self.min_sessions > self.batch_sessions:
             raise ValueError("min_sessions cannot exceed batch_sessions")
         self._check_compute()
@@ -71,6 +106,35 @@ class TrainerConfig:
             from rlgw.adapters import LoraSpec
 
             LoraSpec(self.lora_rank, self.lora_alpha or 2.0 * self.lora_rank)  # its checks
+
+    def _check_objective(self) -> None:
+        choices = (
+            ("imp_weight_level", IMP_WEIGHT_LEVELS),
+            ("baseline", BASELINES),
+            ("singleton_baseline", SINGLETON_BASELINES),
+            ("overlong", OVERLONG),
+            ("lr_schedule", LR_SCHEDULES),
+        )
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}"
+                )
+        if not 0 <= self.imp_weight_floor < 1:
+            raise ValueError("imp_weight_floor must be in [0, 1) (IcePop: 0.5; 0: no floor)")
+        if (
+            self.imp_weight_floor > 0
+            and self.imp_weight_mode == "truncate"
+            and self.imp_weight_level == "token"
+        ):
+            raise ValueError(
+                "imp_weight_floor masks tokens (imp_weight_mode='mask') or samples "
+                "(imp_weight_level='sequence'); truncation has no lower bound"
+            )
+        if not (math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0):
+            raise ValueError("overlong_penalty must be a finite number >= 0")
+        if self.lr_decay_steps < 1 or not 0 <= self.lr_min_ratio <= 1:
+            raise ValueError("lr_decay_steps must be >= 1 and lr_min_ratio in [0, 1]")
 
     def _check_compute(self) -> None:
         if self.device not in DEVICES:
@@ -108,9 +172,30 @@ class TrainerConfig:
             return step / self.lr_warmup_steps
         return 1.0
 
+    def decay_factor(self, step: int) -> float:
+        """The schedule's factor after warmup: 1 (constant), or a linear or cosine decay from 1
+        to `lr_min_ratio` over the `lr_decay_steps` steps that follow the warmup, then flat."""
+        if self.lr_schedule == "constant":
+            return 1.0
+        progress = min(max(step - self.lr_warmup_steps, 0) / self.lr_decay_steps, 1.0)
+        if self.lr_schedule == "linear":
+            shape = 1.0 - progress
+        else:  # cosine (Loshchilov & Hutter 2017, without restarts)
+            shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.lr_min_ratio + (1.0 - self.lr_min_ratio) * shape
+
+    def lr_factor(self, step: int) -> float:
+        """The fraction of the peak learning rate at optimizer step `step` (from 1)."""
+        return self.warmup_factor(step) * self.decay_factor(step)
+
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step `step`."""
-        return self.learning_rate * self.warmup_factor(step)
+        return self.learning_rate * self.lr_factor(step)
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip range: `clip_eps_high`, or `clip_eps` when unset."""
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
 
     def as_dict(self) -> dict[str, Any]:
         """The effective configuration (the learning rate resolved), as recorded with versions."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rlgw.session_status import SessionStatus
 
+NON_FINITE_KINDS = ("advantage", "update")
+SKIP_KIND = re.compile(r"[a-z_]{1,32}")
 SWAP_WINDOW = 1000  # swaps are counted over each model's latest this many versions
 # A scrape or a dashboard poll answers within this even when the database does not (Prometheus
 # waits 10 s by default).
@@ -146,6 +149,43 @@ async def latest_values(
         for model, field, value in rows
         if (number := _number(value)) is not None
     }
+
+
+async def latest_skipped_fractions(conn: AsyncConnection) -> dict[tuple[str, str], float]:
+    """Each model's latest version's `metrics.skipped_frac` ({reason kind: share of the claimed
+    completions not trained on}): (model, kind) -> share. Kinds are the trainer's; one that is
+    not a short lowercase word is left out (a label value the trainer did not mean)."""
+    rows = await conn.execute(
+        text(
+            "SELECT m.name, f.key, f.value FROM models m CROSS JOIN LATERAL ("
+            "  SELECT pv.metrics -> 'skipped_frac' AS fractions FROM policy_versions pv "
+            "  WHERE pv.model_id = m.id AND jsonb_typeof(pv.metrics -> 'skipped_frac') = 'object' "
+            "  ORDER BY pv.version DESC LIMIT 1) v "
+            "CROSS JOIN LATERAL jsonb_each(v.fractions) AS f(key, value)"
+        )
+    )
+    return {
+        (model, kind): number
+        for model, kind, value in rows
+        if SKIP_KIND.fullmatch(kind) and (number := _number(value)) is not None
+    }
+
+
+async def non_finite_drops(conn: AsyncConnection) -> dict[str, int]:
+    """Sessions the trainer dropped for a non-finite number, by what was non-finite: `advantage`
+    (dropped before an update) or `update` (a NaN or infinite loss or gradient norm: the update
+    was skipped, no version made). Read from `sessions.dropped_reason`, which the trainer words
+    "non-finite advantage: ..." and "non-finite update: ..." (trainer/loop/advantages.py,
+    trainer/loop/update.py)."""
+    rows = await conn.execute(
+        text(
+            "SELECT k.kind, (SELECT count(*) FROM sessions s WHERE s.status = :dropped "
+            "  AND s.dropped_reason LIKE 'non-finite ' || k.kind || '%') "
+            "FROM unnest(CAST(:kinds AS text[])) AS k(kind)"
+        ),
+        {"dropped": SessionStatus.DROPPED.value, "kinds": list(NON_FINITE_KINDS)},
+    )
+    return {kind: int(n) for kind, n in rows}
 
 
 async def held_out_rewards(conn: AsyncConnection) -> dict[tuple[str, int], tuple[float, int]]:

@@ -1,5 +1,6 @@
 """Group normalization and group readiness."""
 
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -66,3 +67,45 @@ def test_complete_group_is_ready_and_normalized():
     assert verdict.status == "ready"
     assert verdict.returns == {"a": 1.5, "b": 0.0}
     assert verdict.normalized == {"a": 0.75, "b": -0.75}
+
+
+def exact_reference(returns: dict[str, float], how: str) -> dict[str, float]:
+    """The normalization in 60-digit decimal arithmetic, where nothing overflows."""
+    from decimal import Decimal, getcontext
+
+    getcontext().prec = 60
+    values = {k: Decimal(r) for k, r in returns.items()}
+    mean = sum(values.values()) / len(values)
+    if how == "mean":
+        return {k: float(v - mean) for k, v in values.items()}
+    std = (sum((v - mean) ** 2 for v in values.values()) / len(values)).sqrt()
+    return {k: float((v - mean) / (std + Decimal("1e-6"))) for k, v in values.items()}
+
+
+@pytest.mark.parametrize(
+    "returns",
+    [
+        {"a": 1e308, "b": 1e308, "c": 0.0},
+        {"a": -1.7e308, "b": 1.7e308},
+        {"a": 1e-300, "b": 3e-300, "c": -2e-300},
+        {"a": 0.25, "b": 1.0, "c": 0.0, "d": 0.5},
+    ],
+)
+def test_mean_std_is_finite_and_exact_at_any_scale(returns):
+    got = normalize_returns(returns, "mean_std")
+    want = exact_reference(returns, "mean_std")
+    assert all(math.isfinite(v) for v in got.values())
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def test_mean_overflows_only_where_the_true_difference_does():
+    assert normalize_returns({"a": 1e308, "b": 1e308, "c": 0.0}, "mean") == pytest.approx(
+        exact_reference({"a": 1e308, "b": 1e308, "c": 0.0}, "mean"), rel=1e-12
+    )
+    spread = normalize_returns({"a": -1.7e308, "b": 1.7e308}, "mean")  # the truth is +-1.7e308
+    assert spread == pytest.approx({"a": -1.7e308, "b": 1.7e308}, rel=1e-12)
+
+
+def test_a_non_finite_return_makes_the_group_nan():
+    got = normalize_returns({"a": math.inf, "b": 0.0}, "mean_std")
+    assert all(math.isnan(v) for v in got.values())

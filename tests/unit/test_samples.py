@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
+
+import pytest
 
 from rlgw.trajectory import SiblingGroupOut, Step, Trajectory
 from trainer.config import TrainerConfig
-from trainer.loop.samples import build_samples
+from trainer.loop.advantages import NON_FINITE
+from trainer.loop.samples import OVERLONG_MASKED, build_samples
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -147,3 +151,40 @@ def test_a_token_id_outside_the_vocabulary_is_a_skip_with_the_reason():
         "out": "token id 50 is outside the model's vocabulary (50 ids)",
         "prompt": "token id -1 is outside the model's vocabulary (50 ids)",
     }
+
+
+def cut(completion_id: str) -> Step:
+    """A completion that max_tokens cut (finish_reason "length")."""
+    return step(completion_id).model_copy(update={"finish_reason": "length"})
+
+
+@pytest.mark.parametrize(
+    "overlong, want, skipped",
+    [("keep", {"cut": 0.7, "whole": 0.7}, []), ("mask", {"whole": 0.7}, ["cut"])],
+)
+def test_overlong_completions_are_kept_or_masked(overlong, want, skipped):
+    t = trajectory([cut("cut"), step("whole")], return_normalized=0.7)
+    samples, skips = build_samples([t], current_version=0, config=TrainerConfig(overlong=overlong))
+    assert advantages(samples) == want
+    assert [s.completion_id for s in skips] == skipped
+    assert all(s.reason == OVERLONG_MASKED for s in skips)
+
+
+def test_an_overlong_completion_is_penalized_on_its_own_advantage():
+    t = trajectory([cut("cut"), step("whole")], return_normalized=0.7)
+    config = TrainerConfig(overlong="penalize", overlong_penalty=0.5)
+    samples, _ = build_samples([t], current_version=0, config=config)
+    assert advantages(samples) == pytest.approx({"cut": 0.2, "whole": 0.7})
+
+
+def test_the_trainers_advantages_replace_the_return_and_a_non_finite_one_is_skipped():
+    a = trajectory([step("a")], session_id="a", return_normalized=0.7)
+    b = trajectory([step("b")], session_id="b", return_normalized=0.7)
+    c = trajectory([step("c")], session_id="c", return_normalized=0.7)
+    given = {"a": -0.25, "b": math.nan, "c": 1e300}  # c: infinite in the update's float32
+    samples, skips = build_samples(
+        [a, b, c], current_version=0, config=TrainerConfig(), advantages=given
+    )
+    assert advantages(samples) == {"a": -0.25}
+    assert [s.completion_id for s in skips] == ["b", "c"]
+    assert all(s.reason.startswith(NON_FINITE) for s in skips)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -69,3 +71,65 @@ def test_the_step_count_of_the_schedule_survives_a_restart_of_the_moments() -> N
     restored = torch.optim.AdamW(model.parameters(), lr=1.0)
     restored.load_state_dict(optimizer.state_dict())  # as a restart restores the moments
     assert steps_done(restored) == 1
+
+
+def reference_lr_factor(step, warmup, schedule, decay_steps, min_ratio):
+    """Written from the definition: linear warmup to 1 over `warmup` steps, then a decay from 1
+    to min_ratio over the next `decay_steps` steps (linear or half a cosine), then flat."""
+    factor = step / warmup if warmup and step < warmup else 1.0
+    if schedule == "constant":
+        return factor
+    t = min(max(step - warmup, 0), decay_steps) / decay_steps
+    shape = 1 - t if schedule == "linear" else (1 + math.cos(math.pi * t)) / 2
+    return factor * (min_ratio + (1 - min_ratio) * shape)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+def test_the_learning_rate_schedule_follows_its_definition(schedule) -> None:
+    config = TrainerConfig(
+        lr=1e-4, lr_warmup_steps=3, lr_schedule=schedule, lr_decay_steps=10, lr_min_ratio=0.1
+    )
+    for step in range(1, 20):
+        want = 1e-4 * reference_lr_factor(step, 3, schedule, 10, 0.1)
+        assert config.lr_at(step) == pytest.approx(want, rel=1e-12), step
+    if schedule != "constant":
+        assert config.lr_at(13) == pytest.approx(1e-5) and config.lr_at(50) == pytest.approx(1e-5)
+        assert config.lr_at(3) == 1e-4  # the peak, where warmup ends and decay begins
+
+
+def test_the_objectives_defaults_are_todays_behaviour() -> None:
+    config = TrainerConfig()
+    assert (config.baseline, config.singleton_baseline, config.overlong) == (
+        "group",
+        "none",
+        "keep",
+    )
+    assert not config.filter_zero_variance and config.epochs == 1
+    assert config.clip_high == config.clip_eps == 0.2
+    assert (config.imp_weight_mode, config.imp_weight_level, config.imp_weight_floor) == (
+        "truncate",
+        "token",
+        0.0,
+    )
+    assert config.lr_schedule == "constant" and config.lr_at(100) == config.learning_rate
+
+
+@pytest.mark.parametrize(
+    "fields, says",
+    [
+        ({"baseline": "mean"}, "baseline must be one of group, rloo"),
+        ({"singleton_baseline": "ema"}, "singleton_baseline must be one of none, task_mean"),
+        ({"overlong": "drop"}, "overlong must be one of keep, mask, penalize"),
+        ({"imp_weight_level": "batch"}, "imp_weight_level must be one of token, sequence"),
+        ({"lr_schedule": "step"}, "lr_schedule must be one of constant, linear, cosine"),
+        ({"imp_weight_floor": 0.5}, "truncation has no lower bound"),
+        ({"imp_weight_floor": 1.0, "imp_weight_mode": "mask"}, "imp_weight_floor must be in"),
+        ({"overlong_penalty": -1.0}, "overlong_penalty must be a finite number >= 0"),
+        ({"epochs": 0}, "epochs"),
+        ({"clip_eps_high": 0.0}, "clip_eps_high must be in"),
+        ({"lr_min_ratio": 1.5}, "lr_min_ratio in"),
+    ],
+)
+def test_bad_objective_settings_are_refused(fields, says) -> None:
+    with pytest.raises(ValueError, match=says):
+        TrainerConfig(**fields)

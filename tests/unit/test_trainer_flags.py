@@ -64,3 +64,36 @@ def test_a_command_passes_its_trainer_options_on_to_a_child_trainer(tmp_path) ->
         }
     )
     assert not hasattr(args, "dtype")  # the command's own --dtype means something else
+
+
+def test_the_objectives_options_are_flags_with_their_choices(tmp_path) -> None:
+    args = parse(
+        [
+            "--baseline", "rloo",
+            "--singleton-baseline", "task_mean",
+            "--overlong", "penalize",
+            "--overlong-penalty", "0.5",
+            "--filter-zero-variance",
+            "--imp-weight-level", "sequence",
+            "--imp-weight-floor", "0.5",
+            "--clip-eps-high", "0.28",
+            "--epochs", "2",
+            "--lr-schedule", "cosine",
+            "--lr-decay-steps", "100",
+            "--lr-min-ratio", "0.1",
+        ]
+    )  # fmt: skip
+    config = TrainerConfig(**trainer_overrides(args))
+    assert (config.baseline, config.singleton_baseline, config.overlong) == (
+        "rloo",
+        "task_mean",
+        "penalize",
+    )
+    assert config.filter_zero_variance and config.clip_high == 0.28 and config.epochs == 2
+    assert (config.imp_weight_level, config.imp_weight_floor) == ("sequence", 0.5)
+    assert (config.lr_schedule, config.lr_decay_steps, config.lr_min_ratio) == ("cosine", 100, 0.1)
+    assert "--clip-eps-high" in trainer_argv(args) and "--filter-zero-variance" in trainer_argv(
+        args
+    )
+    with pytest.raises(SystemExit):  # argparse names the choices
+        parse(["--baseline", "mean"])

@@ -12,6 +12,7 @@ import contextlib
 import torch
 
 from ..config import TrainerConfig
+from .scoring import scoring_mode
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -77,6 +78,7 @@ def prepare_model(
     """
     device = device or resolve_device(config.device)
     model.to(device=device, dtype=torch.float32)
+    scoring_mode(model)  # dropout off, the LM head in fp32 under autocast (trainer/loop/scoring.py)
     if config.gradient_checkpointing:
         # Non-reentrant checkpointing: works with FSDP2 and with frozen (LoRA) base weights.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

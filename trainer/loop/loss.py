@@ -14,8 +14,12 @@ METRICS = (
     "ratio_mean",
     "imp_weight_mean",
     "imp_weight_truncated_frac",
+    "imp_token_masked_frac",
+    "imp_seq_masked_frac",
     "kl_behave",
 )
+IMP_WEIGHT_MODES = ("truncate", "mask")
+IMP_WEIGHT_LEVELS = ("token", "sequence")
 
 
 def decoupled_ppo_loss(
@@ -29,18 +33,27 @@ def decoupled_ppo_loss(
     imp_weight_cap: float,
     imp_weight_mode: str = "truncate",
     token_normalizer: float | torch.Tensor | None = None,
+    clip_eps_high: float | None = None,
+    imp_weight_floor: float = 0.0,
+    imp_weight_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO (Fu et al. 2025, "AReaL", eq. 5), token-mean:
 
         u_t = pi_theta(a_t) / pi_prox(a_t)             ratio to the proximal policy
         w_t = pi_prox(a_t) / pi_behave(a_t)            behaviour importance weight
-        w_t <- min(w_t, cap)  ("truncate"), or  w_t <- w_t * [w_t <= cap]  ("mask", AReaL's code)
-        L   = - sum_t m_t * w_t * min(u_t A_t, clip(u_t, 1 - eps, 1 + eps) A_t) / sum_t m_t
+        w_t <- min(w_t, cap)  ("truncate"), or  w_t <- w_t * [floor <= w_t <= cap]  ("mask")
+        L   = - sum_t m_t * w_t * min(u_t A_t, clip(u_t, 1 - eps, 1 + eps_high) A_t) / sum_t m_t
 
     pi_behave is the policy that generated the tokens (the RECORDED log-probs), pi_prox the
     trainer's weights before this version's update, pi_theta the weights being optimised.
     w_t carries no gradient. With fresh data (pi_behave = pi_prox = pi_theta) this is the plain
     policy gradient -A_t * grad log pi_theta(a_t).
+
+    `eps_high` (`clip_eps_high`, DAPO's clip-higher, Yu et al. 2025) defaults to `clip_eps`. The
+    mask's lower bound `floor` is IcePop's / MIS's two-sided token mask (0: none). With
+    `imp_weight_level="sequence"` a whole sample (row) is masked as well when the geometric mean
+    of its w_t over its output tokens, exp(mean_t log w_t), is outside [floor, cap]. Masked
+    tokens stay in the denominator: they contribute zero.
 
     `token_normalizer` replaces sum_t m_t in the denominator of the returned loss. Gradient
     accumulation passes the output-token count of the whole minibatch (over every rank), so that
@@ -49,24 +62,41 @@ def decoupled_ppo_loss(
     token-weighted mean of them over micro-batches is the minibatch's.
 
     Metrics: `clip_frac` (share of tokens whose ratio was clipped in the direction that binds),
-    `imp_weight_mean`, `imp_weight_truncated_frac`, `ratio_mean`, and `kl_behave` =
-    mean(log pi_behave - log pi_theta), an estimate of KL(pi_behave || pi_theta).
+    `imp_weight_mean`, `imp_weight_truncated_frac` (share with w_t > cap), `imp_token_masked_frac`
+    (share zeroed by the token mask), `imp_seq_masked_frac` (share in samples masked at sequence
+    level), `ratio_mean`, and `kl_behave` = mean(log pi_behave - log pi_theta), an estimate of
+    KL(pi_behave || pi_theta).
     """
-    if imp_weight_mode not in ("truncate", "mask"):
+    if imp_weight_mode not in IMP_WEIGHT_MODES:
         raise ValueError(f"imp_weight_mode must be 'truncate' or 'mask', not {imp_weight_mode!r}")
+    if imp_weight_level not in IMP_WEIGHT_LEVELS:
+        raise ValueError(
+            f"imp_weight_level must be 'token' or 'sequence', not {imp_weight_level!r}"
+        )
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     mask = mask.to(logp.dtype)
     n_tokens = mask.sum().clamp(min=1.0)
     ratio = torch.exp(logp - prox_logp)
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
     surrogate = torch.minimum(ratio * advantages, clipped * advantages)
 
     with torch.no_grad():
-        weight = torch.exp(prox_logp - behave_logp)
+        log_weight = prox_logp - behave_logp
+        weight = torch.exp(log_weight)
         over_cap = weight > imp_weight_cap
+        token_masked = torch.zeros_like(over_cap)
         if imp_weight_mode == "truncate":
             weight = weight.clamp(max=imp_weight_cap)
         else:
-            weight = torch.where(over_cap, torch.zeros_like(weight), weight)
+            token_masked = over_cap | (weight < imp_weight_floor)
+            weight = torch.where(token_masked, torch.zeros_like(weight), weight)
+        seq_masked = torch.zeros_like(over_cap)
+        if imp_weight_level == "sequence":
+            per_row = mask.sum(dim=-1).clamp(min=1.0)
+            geometric = torch.exp((log_weight * mask).sum(dim=-1) / per_row)  # (B,)
+            outside = (geometric < imp_weight_floor) | (geometric > imp_weight_cap)
+            seq_masked = outside.unsqueeze(-1).expand_as(weight)
+            weight = torch.where(seq_masked, torch.zeros_like(weight), weight)
 
     objective = -(weight * surrogate * mask).sum()  # summed over tokens; normalised below
     loss = objective / (n_tokens if token_normalizer is None else token_normalizer)
@@ -80,6 +110,8 @@ def decoupled_ppo_loss(
                 (ratio * mask).sum(),
                 (weight * mask).sum(),
                 (over_cap.to(logp.dtype) * mask).sum(),
+                (token_masked.to(logp.dtype) * mask).sum(),
+                (seq_masked.to(logp.dtype) * mask).sum(),
                 ((behave_logp - logp) * mask).sum(),
                 mask.sum(),
             ]
@@ -88,6 +120,15 @@ def decoupled_ppo_loss(
     metrics = {name: value / max(tokens, 1.0) for name, value in zip(METRICS, sums, strict=True)}
     metrics["tokens"] = tokens
     return loss, metrics
+
+
+def token_entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> float:
+    """sum_t m_t H(pi(. | t)) over the positions of logits (B, T, V) where mask (B, T) is 1,
+    H = -sum_v p_v log p_v in nats, computed in fp32 without a gradient."""
+    with torch.no_grad():
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)  # (B, T)
+        return float((entropy * mask.to(entropy.dtype)).sum())
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from rlgw import test_hooks
+
 from ..config import TrainerConfig
 from ..models.lora import adapter_state, copy_adapter, spec_of, with_adapter
 from ..models.weights import load_full, load_reference_model, state_dict
@@ -85,10 +87,18 @@ class Policy:
             reference = load_reference_model(base_path)
         return cls(reference, config, dist)
 
-    def update(self, samples: list[Sample]) -> dict[str, float]:
-        """One version's optimisation on every rank (raises UpdateOutOfMemory on a device OOM)."""
+    def update(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
+        """One version's optimisation on every rank, from the weights of `version` (raises
+        UpdateOutOfMemory on a device OOM, NonFiniteUpdate with everything as it was)."""
         return policy_update(
-            self.training, self.optimizer, samples, self.config, self.pad_id, scheduled=True
+            self.training,
+            self.optimizer,
+            samples,
+            self.config,
+            self.pad_id,
+            scheduled=True,
+            current_version=version,
+            loss_hook=test_hooks.nan_loss,  # a no-op unless a test sets RLGW_TEST_NAN_LOSS_STEP
         )
 
     def weights(self) -> dict[str, torch.Tensor]:

@@ -25,6 +25,7 @@ class RecordedStep:
     eligible: bool
     eligibility_reason: str | None = None
     model: str | None = None  # absent from exports made before steps named their model
+    finish_reason: str | None = None  # "length": cut by max_tokens (TrainerConfig.overlong)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ def _step(d: Mapping[str, Any]) -> RecordedStep:
         eligible=bool(d["eligible"]),
         eligibility_reason=d.get("eligibility_reason"),
         model=d.get("model"),
+        finish_reason=d.get("finish_reason"),
     )
 
 

@@ -7,6 +7,7 @@ database loader beside it) is a type here, so the update path runs where only to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,6 +17,10 @@ import torch
 from rlgw.siblings import sibling_advantages
 
 from ..config import TrainerConfig
+from .advantages import NON_FINITE
+
+OVERLONG_MASKED = "overlong: cut by max_tokens (finish_reason length; overlong=mask)"
+FLOAT32_MAX = 3.4028234663852886e38  # the update computes in float32: beyond it is infinite
 
 if TYPE_CHECKING:
     from rlgw.trajectory import Step, Trajectory
@@ -91,6 +96,7 @@ def build_samples(
     lineage: Mapping[int, int] | None = None,
     model: str | None = None,
     vocab_size: int | None = None,
+    advantages: Mapping[str, float | None] | None = None,
 ) -> tuple[list[Sample], list[Skip]]:
     """One sample per kept, eligible, fresh-enough completion of `model`; every other one of
     `model` is a Skip.
@@ -102,19 +108,23 @@ def build_samples(
     an index error in a forward pass. None: no filter, no vocabulary check.
 
     A completion's advantage is its session's group-normalized return (the raw return for a
-    session without a group): every turn of an episode shares the episode's outcome. A sibling
-    choice (n > 1) in a session that normalizes siblings takes its reward normalized within its
-    sibling group instead (see `sibling_advantages`).
+    session without a group), or the session's entry in `advantages` when given (the trainer's
+    baselines, trainer/loop/advantages.py): every turn of an episode shares the episode's
+    outcome. A sibling choice (n > 1) in a session that normalizes siblings takes its reward
+    normalized within its sibling group instead (see `sibling_advantages`). A completion cut by
+    max_tokens follows `config.overlong`; a non-finite advantage is a skip (the trainer drops
+    its session).
     """
     samples: list[Sample] = []
     skips: list[Skip] = []
     for t in trajectories:
         siblings = sibling_advantages(t)
+        session = t.return_normalized if advantages is None else advantages.get(t.session_id)
         for step in t.steps:
             if model is not None and step.model not in (None, model):
                 continue  # another model's completion: that model's trainer takes it
             sibling = step.completion_id in siblings
-            advantage = siblings[step.completion_id] if sibling else t.return_normalized
+            advantage = siblings[step.completion_id] if sibling else session
             reason = _skip_reason(
                 step,
                 advantage,
@@ -124,6 +134,13 @@ def build_samples(
                 lineage=lineage,
                 vocab_size=vocab_size,
             )
+            if reason is None and not (math.isfinite(advantage) and abs(advantage) < FLOAT32_MAX):
+                reason = f"{NON_FINITE}: {advantage} (in float32)"
+            elif reason is None and step.finish_reason == "length" and config.overlong != "keep":
+                if config.overlong == "mask":
+                    reason = OVERLONG_MASKED
+                else:  # penalize (DAPO's overlong punishment, applied to the advantage)
+                    advantage -= config.overlong_penalty
             if reason:
                 skips.append(Skip(t.session_id, step.completion_id, reason))
                 continue

@@ -49,9 +49,11 @@ from ..publishing.versions import head_version, lineage, materialize, settle_mod
 from ..swap.coordinator import SwapReport
 from ..swap.hold import GenerationHold, NoHold
 from . import collectives
+from .advantages import NON_FINITE, session_advantages
 from .claims import Claim, TrainerInstance, claim_sessions, held, release_dead_claims, unclaim
 from .device import slow_bf16_warning
 from .distributed import init_distributed, is_rank0
+from .finite import finite_metrics
 from .leases import ClaimLost, Heartbeat, check_held
 from .ledger import record_ledger
 from .optimizer_state import state_path
@@ -59,8 +61,9 @@ from .payload import version_payload
 from .policy import Policy
 from .samples import build_samples
 from .settle import settle_dropped
-from .tracking import RunLog, rejected_outputs, version_scalars
-from .update import UpdateOutOfMemory
+from .task_baseline import task_means
+from .tracking import RunLog, rejected_outputs, skipped_fractions, version_scalars
+from .update import NonFiniteUpdate, UpdateOutOfMemory
 
 NO_SIGNAL = "no learning signal: every advantage in the batch is zero (equal rewards)"
 
@@ -224,14 +227,37 @@ class OnlineTrainer:
         with self.db_sessions() as db:
             trajectories = [load_trajectory(db, sid, now) for sid in claim.session_ids]
             depths = lineage(db, self.publisher.model.id, self.version)
+            loaded = [t for t in trajectories if t]
+            means = (
+                task_means(db, self.publisher.model.id, [t.task_id for t in loaded if t.task_id])
+                if self.config.singleton_baseline == "task_mean"
+                else None
+            )
+        advantages = session_advantages(loaded, self.config, means)
         samples, skips = build_samples(
-            [t for t in trajectories if t],
+            loaded,
             current_version=self.version,
             config=self.config,
             lineage=depths,
             model=self.model_name,
             vocab_size=self.model.get_input_embeddings().num_embeddings,
+            advantages=advantages.of,
         )
+        # Sessions the update must not use at all: a non-finite advantage (theirs, or a sibling
+        # choice's), a group without variance when filtered. Dropped now, before the update.
+        dropped = dict(advantages.dropped)
+        for skip in skips:
+            if skip.reason.startswith(NON_FINITE):
+                dropped.setdefault(skip.session_id, skip.reason)
+        fractions = skipped_fractions(samples, skips, dropped)
+        if dropped:
+            self._drop(dropped)
+            claim.session_ids = [sid for sid in claim.session_ids if sid not in dropped]
+            trajectories = [t for t in trajectories if t and t.session_id not in dropped]
+            samples = [s for s in samples if s.session_id not in dropped]
+            skips = [s for s in skips if s.session_id not in dropped]
+            if not claim.session_ids:
+                return StepReport(None, len(dropped), 0, 0, len(dropped), {}, [])
         # Nothing trainable, or nothing to learn (every advantage zero: each group's members got
         # the same reward, so the gradient is zero): no version; the sessions are spent, say why.
         silent = bool(samples) and not any(s.advantage for s in samples)
@@ -252,7 +278,8 @@ class OnlineTrainer:
             return StepReport(
                 None, len(claim.session_ids), 0, len(skips), len(claim.session_ids), {}, []
             )
-        return claim, trajectories, samples, skips
+        claim.dropped.update(dropped)
+        return claim, trajectories, samples, skips, fractions
 
     def _lost(self, lost: ClaimLost, session_ids: list[str]) -> None:
         """The update's claim was lost before its commit (its lease passed: this trainer was
@@ -266,16 +293,37 @@ class OnlineTrainer:
             head = head_version(db, self.publisher.model.id)
         self._continue_from(head)
 
-    def _tell(self, command: str, samples: list | None = None) -> None:
-        """Rank 0 tells the other ranks what this step is: train (with the samples), idle, stop."""
+    def _drop(self, reasons: dict[str, str]) -> None:
+        """Drop claimed sessions for this model, each with its reason (only those this trainer
+        still holds; a session another model has still to train on goes back to the queue for
+        it, trainer/loop/settle.py), and say so."""
+        now = datetime.now(UTC)
+        with self.db_sessions() as db, db.begin():
+            still = db.scalars(
+                select(AgentSession)
+                .where(AgentSession.id.in_(list(reasons)), held(self.instance.id))
+                .order_by(AgentSession.id)
+                .with_for_update()
+            ).all()
+            for session in still:
+                settle_dropped(db, session, self.publisher.model.id, reasons[session.id], now)
+        self.log(f"[train] dropped {len(reasons)} session(s): {next(iter(reasons.values()))}")
+
+    def _tell(self, command: str, payload: Any = None) -> None:
+        """Rank 0 tells the other ranks what this step is: train (with the samples and the
+        version they update), reload (a version), idle, stop."""
         if self.dist.world_size > 1:
-            collectives.broadcast_object((command, samples))
+            collectives.broadcast_object((command, payload))
 
     def follow(self) -> bool:
         """Ranks other than 0: take part in the step rank 0 announces; False once it stops."""
         command, payload = collectives.broadcast_object(None)
         if command == "train":
-            self.policy.update(payload)
+            samples, version = payload
+            try:
+                self.policy.update(samples, version)
+            except NonFiniteUpdate:  # every rank skips it together (the check is all-reduced)
+                return True
             self.policy.weights()
             self.policy.gather_moments()  # rank 0 saves them once it has recorded the version
         elif command == "reload":  # rank 0 moved to another version: its weights, its moments
@@ -299,24 +347,27 @@ class OnlineTrainer:
         if not isinstance(claimed, tuple):
             self._tell("idle")
             return claimed
-        claim, trajectories, samples, skips = claimed
+        claim, trajectories, samples, skips, fractions = claimed
         self.governor.baseline(self.version)  # the promoted version's score, while it serves
         with self._update_window() as window:
             # update the policy (every rank)
-            self._tell("train", samples)
+            self._tell("train", (samples, self.version))
             before = reference_scores(self.model)
             try:
-                metrics = self.policy.update(samples)
+                metrics = self.policy.update(samples, self.version)
             except UpdateOutOfMemory:
                 with self.db_sessions() as db, db.begin():
                     # back to the queue, for a smaller setting
                     unclaim(db, claim.session_ids, self.instance.id)
                 raise
+            except NonFiniteUpdate as err:
+                return self._skip_update(err, claim, samples, skips)
             weights = self.policy.weights()  # the reference (self.model) holds them now
             moments = self.policy.gather_moments()  # the last collective of the step
             returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
             metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
             metrics["train_s"] = time.perf_counter() - t0
+            metrics["skipped_frac"] = fractions  # of the claimed completions, by reason kind
             test_hooks.crash_point("crash-before-commit")
             test_hooks.commit_delay()
 
@@ -334,7 +385,8 @@ class OnlineTrainer:
                     self.version,
                     payload,
                     kind,
-                    metrics={**metrics, "config": self.config.as_dict()},
+                    # No NaN or inf reaches the database (JSON has none; Postgres refuses them)
+                    metrics=finite_metrics({**metrics, "config": self.config.as_dict()}),
                     rows=lambda db, version: record_ledger(
                         db, self.publisher.model.id, version, samples, skips, claim.session_ids
                     ),
@@ -375,6 +427,18 @@ class OnlineTrainer:
         metrics.update(swap_metrics(swaps))
         metrics["step_s"] = time.perf_counter() - t0
         return self._report(published.version, metrics, claim, trajectories, samples, skips, swaps)
+
+    def _skip_update(
+        self, err: NonFiniteUpdate, claim: Claim, samples: list, skips: list
+    ) -> StepReport:
+        """A non-finite loss or gradient norm: no version. The weights and the AdamW state are
+        as before the update (policy_update restored them); the sessions are dropped with the
+        reason, so they cannot poison the next update too."""
+        reason = f"{err} (no version; weights and optimizer state unchanged)"
+        self._drop(dict.fromkeys(claim.session_ids, reason))
+        self.log(f"[train] update skipped: {reason}")
+        n = len(claim.session_ids)
+        return StepReport(None, n, len(samples), len(skips), n, {"non_finite": 1.0}, [])
 
     def _report(
         self,

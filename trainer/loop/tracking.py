@@ -25,6 +25,9 @@ REJECTION_KINDS: tuple[tuple[str, str], ...] = (
     ("the session has no normalized return", "no_return"),
     ("served version unknown", "unknown_version"),
     ("longer than", "too_long"),
+    ("overlong:", "overlong"),
+    ("non-finite", "non_finite"),
+    ("zero-variance", "zero_variance"),
 )
 UPDATE_METRICS = {  # policy_update's metric -> its tag
     "loss": "loss/policy",
@@ -33,6 +36,12 @@ UPDATE_METRICS = {  # policy_update's metric -> its tag
     "ratio_mean": "policy/ratio_mean",
     "imp_weight_mean": "importance/weight_mean",
     "imp_weight_truncated_frac": "importance/truncated_frac",
+    "imp_token_masked_frac": "importance/token_masked_frac",
+    "imp_seq_masked_frac": "importance/seq_masked_frac",
+    "entropy": "policy/entropy",
+    "kl_staleness": "policy/kl_staleness",
+    "kl_mismatch": "policy/kl_mismatch",
+    "lr": "optim/lr",
     "grad_norm": "policy/grad_norm",
     "reward_mean": "reward/mean",
     "train_s": "time/train_s",
@@ -44,6 +53,7 @@ UPDATE_METRICS = {  # policy_update's metric -> its tag
 
 
 class _Trained(Protocol):
+    session_id: str
     completion_id: str
     output_ids: list[int]
     behave_logprobs: list[float]
@@ -52,6 +62,7 @@ class _Trained(Protocol):
 
 
 class _Rejected(Protocol):
+    session_id: str
     completion_id: str
     reason: str
 
@@ -66,6 +77,22 @@ def rejection_kind(reason: str) -> str:
         if reason.startswith(prefix):
             return kind
     return "other"
+
+
+def skipped_fractions(
+    samples: Sequence[_Trained], skips: Sequence[_Rejected], dropped: Mapping[str, str]
+) -> dict[str, float]:
+    """The share of the claimed completions not trained on, per rejection kind: a skipped one
+    under its reason's kind, every one of a session dropped whole before the update (`dropped`:
+    session id -> reason) under that reason's kind. Over the completions of the claim."""
+    kinds: Counter[str] = Counter()
+    for s in samples:
+        if s.session_id in dropped:
+            kinds[rejection_kind(dropped[s.session_id])] += 1
+    for s in skips:
+        kinds[rejection_kind(dropped.get(s.session_id, s.reason))] += 1
+    completions = len(samples) + len(skips)
+    return {kind: n / completions for kind, n in sorted(kinds.items())} if completions else {}
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -110,6 +137,8 @@ def version_scalars(
         scalars[f"rejected/{kind}/samples"] = float(len(rejected))
         scalars[f"rejected/{kind}/tokens"] = float(sum(len(i) for i in ids))
         scalars[f"rejected/{kind}/logprob_mean"] = _mean(logprobs)
+    for kind, fraction in (metrics.get("skipped_frac") or {}).items():
+        scalars[f"skipped_frac/{kind}"] = float(fraction)
     outcomes = Counter(s.outcome for s in swaps)
     for outcome, count in outcomes.items():
         scalars[f"swap/{outcome}"] = float(count)

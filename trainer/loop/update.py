@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -10,9 +12,16 @@ from ..config import TrainerConfig
 from . import collectives
 from .device import autocast, check_placement
 from .distributed import is_distributed_model
-from .loss import METRICS, decoupled_ppo_loss, token_logprobs
+from .loss import METRICS, decoupled_ppo_loss, token_entropy_sum, token_logprobs
 from .microbatch import empty_batch, pack_microbatches, to_device
 from .samples import Batch, Sample, collate
+from .scoring import forget_logits, last_logits, scoring_mode
+from .snapshot import TrainingSnapshot
+
+# Sums kept over the first pass besides the loss's metrics: entropy and KL(behave || prox) split
+# by whether the sample came from the current version (trainer-vs-vLLM mismatch) or an older one
+# (staleness), each with its token count.
+PASS_SUMS = ("entropy", "kl_staleness", "stale_tokens", "kl_mismatch", "fresh_tokens")
 
 
 class UpdateOutOfMemory(RuntimeError):
@@ -26,12 +35,24 @@ class UpdateOutOfMemory(RuntimeError):
         self.steps_taken = steps_taken
 
 
+class NonFiniteUpdate(RuntimeError):
+    """A loss or a gradient norm was NaN or infinite before an optimizer step: the update is
+    abandoned whole. The model's trainable weights and the optimizer's state are as they were
+    before `policy_update` (restored from a snapshot when earlier steps had been taken)."""
+
+    def __init__(self, message: str, steps_taken: int) -> None:
+        super().__init__(message)
+        self.steps_taken = steps_taken
+
+
 @dataclass
 class Plan:
     """This rank's micro-batches for each minibatch, and each minibatch's global token count."""
 
     microbatches: list[list[Batch]]  # [minibatch][micro-batch]; equal counts on every rank
     tokens: list[float]  # output tokens of the whole minibatch over all ranks: the loss normaliser
+    # [minibatch][micro-batch]: each row's generating version (empty for padding micro-batches)
+    versions: list[list[list[int]]] = field(default_factory=list)
 
 
 def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -58,7 +79,12 @@ def plan_update(
         + [empty_batch(pad_id, device) for _ in range(int(count) - len(groups))]
         for groups, count in zip(packed, counts.tolist(), strict=True)
     ]
-    return Plan(microbatches, [max(float(t), 1.0) for t in tokens.tolist()])
+    versions = [
+        [[s.version for s in group] for group in groups]
+        + [[] for _ in range(int(count) - len(groups))]
+        for groups, count in zip(packed, counts.tolist(), strict=True)
+    ]
+    return Plan(microbatches, [max(float(t), 1.0) for t in tokens.tolist()], versions)
 
 
 def policy_update(
@@ -69,10 +95,19 @@ def policy_update(
     pad_id: int,
     *,
     scheduled: bool = False,
+    current_version: int | None = None,
+    loss_hook: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Optimise on `samples`; returns token-weighted metrics over the minibatches (all ranks).
     `scheduled`: each step's learning rate is the optimizer's initial one times the config's
-    warmup factor; otherwise the optimizer's own stands (an optimizer a caller made for itself).
+    schedule factor (warmup, decay); otherwise the optimizer's own stands (an optimizer a caller
+    made for itself). `current_version`: the version the weights are, which splits the KL metric
+    into staleness and mismatch (None: the newest version among the samples). `loss_hook(loss,
+    step)`: what each micro-batch's loss becomes (the trainer passes `rlgw.test_hooks.nan_loss`,
+    a no-op unless a test sets it; not imported here: the update path imports with torch alone).
+
+    A NaN or infinite loss or gradient norm before any step raises NonFiniteUpdate, with the
+    weights and the optimizer state as they were (restored when earlier steps were taken).
 
     Under torch.distributed the model must be sharded with `trainer.loop.distributed.shard_model`
     (or, a LoRA model, replicated with `replicate_model`) and
@@ -87,13 +122,27 @@ def policy_update(
         )
     steps: list[int] = []  # one entry per optimizer step taken
     failure = None
-    model.train()
+    scoring_mode(model)  # dropout off, the LM head in fp32 (idempotent)
+    # Several steps: one of them may go non-finite after others were taken; keep what to restore.
+    planned_steps = min(config.minibatches, len(samples)) * config.epochs  # empty slices: none
+    snapshot = TrainingSnapshot(model, optimizer) if planned_steps > 1 else None
+    if current_version is None:
+        current_version = max((s.version for s in samples), default=0)
+    model.train()  # gradient checkpointing in transformers needs it; dropout is off
     try:
         plan = plan_update(samples, config, pad_id, device)
-        metrics = _optimise(model, optimizer, plan, config, device, steps, scheduled)
+        metrics = _optimise(
+            model, optimizer, plan, config, device, steps, scheduled, current_version, loss_hook
+        )
     except torch.OutOfMemoryError as err:  # handled below: `err` pins the failed graph's memory
         failure = str(err).splitlines()[0] if str(err) else "torch.OutOfMemoryError"
+    except NonFiniteUpdate:
+        optimizer.zero_grad(set_to_none=True)
+        if steps and snapshot is not None:
+            snapshot.restore(model, optimizer)
+        raise
     finally:
+        forget_logits(model)
         model.eval()
     if failure is not None:
         optimizer.zero_grad(set_to_none=True)
@@ -111,51 +160,131 @@ def _optimise(
     device: torch.device,
     steps: list[int],
     scheduled: bool,
+    current_version: int,
+    loss_hook: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
 ) -> dict[str, float]:
-    """The optimizer steps of one update; `steps` grows by one per step taken."""
+    """The optimizer steps of one update (`epochs` passes of `minibatches` steps); `steps` grows
+    by one per step taken."""
     world = collectives.world_size()
-    # pi_prox: the weights before this version's update. For the first minibatch those ARE the
-    # current weights, so pi_prox = pi_theta.detach() there (no extra forward); later minibatches
-    # need theirs computed now, before the first step moves the weights.
+    # pi_prox: the weights before this version's update. For the first minibatch of the first
+    # pass those ARE the current weights, so pi_prox = pi_theta.detach() there (no extra
+    # forward); every other (pass, minibatch) needs its own computed now, before the first step.
+    first_fresh = 1 if config.epochs == 1 else 0
     with torch.no_grad(), autocast(device, config.dtype):
-        proximal = [[batch_logprobs(model, b) for b in mbs] for mbs in plan.microbatches[1:]]
+        proximal = [
+            [batch_logprobs(model, b) for b in mbs] for mbs in plan.microbatches[first_fresh:]
+        ]
+    forget_logits(model)
     sums = [0.0] * (len(METRICS) + 1)  # each metric * its tokens, then the tokens
-    grad_norms = 0.0  # sum over minibatches of grad_norm * tokens (already global)
+    extra = dict.fromkeys(PASS_SUMS, 0.0)
+    grad_norms = 0.0  # sum over steps of grad_norm * tokens (already global)
     lr = optimizer.param_groups[0]["lr"]
-    for i, (microbatches, n_tokens) in enumerate(zip(plan.microbatches, plan.tokens, strict=True)):
-        optimizer.zero_grad(set_to_none=True)
-        for j, batch in enumerate(microbatches):
-            with autocast(device, config.dtype):
-                logp = batch_logprobs(model, batch)
-            loss, metrics = decoupled_ppo_loss(
-                logp,
-                logp.detach() if i == 0 else proximal[i - 1][j],
-                batch.behave,
-                batch.advantages,
-                batch.mask,
-                clip_eps=config.clip_eps,
-                imp_weight_cap=config.imp_weight_cap,
-                imp_weight_mode=config.imp_weight_mode,
-                token_normalizer=n_tokens,  # sum over micro-batches and ranks = minibatch loss
-            )
-            # FSDP2 and DDP average gradients over ranks; times world it is their sum, the full
-            # gradient.
-            (loss * world).backward()
-            weighted = [metrics[k] * metrics["tokens"] for k in METRICS] + [metrics["tokens"]]
-            sums = [a + b for a, b in zip(sums, weighted, strict=True)]
-        grad_norms += collectives.clip_grad_norm(model.parameters(), config.grad_clip) * n_tokens
-        if scheduled:  # the step count lives in AdamW's state: the schedule survives restarts
-            factor = config.warmup_factor(steps_done(optimizer) + 1)
-            for group in optimizer.param_groups:  # torch's scheduler convention: initial_lr
-                group["lr"] = group.setdefault("initial_lr", group["lr"]) * factor
-        lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        steps.append(i)
+    n_minibatches = len(plan.microbatches)
+    for epoch in range(config.epochs):
+        for i, (microbatches, n_tokens) in enumerate(
+            zip(plan.microbatches, plan.tokens, strict=True)
+        ):
+            step = epoch * n_minibatches + i + 1  # this update's optimizer step, from 1
+            optimizer.zero_grad(set_to_none=True)
+            finite = True
+            for j, batch in enumerate(microbatches):
+                with autocast(device, config.dtype):
+                    logp = batch_logprobs(model, batch)
+                first = epoch == 0 and i == 0
+                prox = logp.detach() if first else proximal[i - first_fresh][j]
+                if epoch == 0:  # prox is the same every pass: measure it once
+                    _first_pass_sums(
+                        extra, model, batch, prox, plan.versions[i][j], current_version
+                    )
+                loss, metrics = decoupled_ppo_loss(
+                    logp,
+                    prox,
+                    batch.behave,
+                    batch.advantages,
+                    batch.mask,
+                    clip_eps=config.clip_eps,
+                    clip_eps_high=config.clip_high,
+                    imp_weight_cap=config.imp_weight_cap,
+                    imp_weight_mode=config.imp_weight_mode,
+                    imp_weight_floor=config.imp_weight_floor,
+                    imp_weight_level=config.imp_weight_level,
+                    token_normalizer=n_tokens,  # sum over micro-batches and ranks = minibatch loss
+                )
+                if loss_hook is not None:
+                    loss = loss_hook(loss, step)
+                finite = finite and math.isfinite(float(loss.detach()))
+                # FSDP2 and DDP average gradients over ranks; times world it is their sum, the
+                # full gradient.
+                (loss * world).backward()
+                weighted = [metrics[k] * metrics["tokens"] for k in METRICS] + [metrics["tokens"]]
+                sums = [a + b for a, b in zip(sums, weighted, strict=True)]
+            norm = collectives.clip_grad_norm(model.parameters(), config.grad_clip)
+            # Every rank must agree: a non-finite loss anywhere skips the step everywhere.
+            bad = collectives.all_reduce(torch.tensor([0.0 if finite else 1.0], device=device))
+            if float(bad[0]) > 0 or not math.isfinite(norm):
+                what = "loss" if float(bad[0]) > 0 else "gradient norm"
+                raise NonFiniteUpdate(
+                    f"non-finite update: the {what} of optimizer step {step} of "
+                    f"{config.epochs * n_minibatches} was NaN or infinite",
+                    len(steps),
+                )
+            grad_norms += norm * n_tokens
+            if scheduled:  # the step count lives in AdamW's state: the schedule survives restarts
+                factor = config.lr_factor(steps_done(optimizer) + 1)
+                for group in optimizer.param_groups:  # torch's scheduler convention: initial_lr
+                    group["lr"] = group.setdefault("initial_lr", group["lr"]) * factor
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            steps.append(step)
     optimizer.zero_grad(set_to_none=True)  # free the gradients until the next update
-    totals = collectives.all_reduce(torch.tensor(sums, dtype=torch.float64, device=device)).tolist()
+    totals = collectives.all_reduce(
+        torch.tensor(sums + [extra[k] for k in PASS_SUMS], dtype=torch.float64, device=device)
+    ).tolist()
+    passes = dict(zip(PASS_SUMS, totals[len(sums) :], strict=True))
+    totals = totals[: len(sums)]
     tokens = max(totals[-1], 1.0)
     out = {k: v / tokens for k, v in zip(METRICS, totals[:-1], strict=True)}
-    return {**out, "tokens": totals[-1], "grad_norm": grad_norms / tokens, "lr": lr}
+    first_pass_tokens = max(passes["stale_tokens"] + passes["fresh_tokens"], 1.0)
+    result = {
+        **out,
+        "tokens": totals[-1] / config.epochs,  # output tokens trained on (each pass sees them)
+        "grad_norm": grad_norms / tokens,
+        "lr": lr,
+        "entropy": passes["entropy"] / first_pass_tokens,
+        "stale_tokens": passes["stale_tokens"],
+        "fresh_tokens": passes["fresh_tokens"],
+    }
+    # Each KL only where it has tokens (a batch of fresh samples says nothing of staleness).
+    for kl, n in (("kl_staleness", "stale_tokens"), ("kl_mismatch", "fresh_tokens")):
+        if passes[n] > 0:
+            result[kl] = passes[kl] / passes[n]
+    return result
+
+
+def _first_pass_sums(
+    extra: dict[str, float],
+    model: torch.nn.Module,
+    batch: Batch,
+    prox: torch.Tensor,
+    versions: list[int],
+    current_version: int,
+) -> None:
+    """Add one micro-batch's entropy (of the logits just computed) and its KL(behave || prox)
+    split by the rows' generating version to `extra`."""
+    logits = last_logits(model)
+    if logits is not None:
+        extra["entropy"] += token_entropy_sum(logits[:, :-1], batch.mask)
+    forget_logits(model)
+    if not versions:
+        return
+    with torch.no_grad():
+        mask = batch.mask.to(torch.float64)
+        kl_rows = ((batch.behave.double() - prox.double()) * mask).sum(dim=-1).tolist()
+        token_rows = mask.sum(dim=-1).tolist()
+    for version, kl, n in zip(versions, kl_rows, token_rows, strict=True):
+        kind = "mismatch" if version == current_version else "staleness"
+        extra[f"kl_{kind}"] += kl
+        extra["fresh_tokens" if kind == "mismatch" else "stale_tokens"] += n
 
 
 def steps_done(optimizer: torch.optim.Optimizer) -> int:
