@@ -24,6 +24,7 @@ class RecordedStep:
     output_logprobs: list[float]
     eligible: bool
     eligibility_reason: str | None = None
+    sampling: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def _step(d: Mapping[str, Any]) -> RecordedStep:
         output_logprobs=[float(x) for x in d["output_logprobs"]],
         eligible=bool(d["eligible"]),
         eligibility_reason=d.get("eligibility_reason"),
+        sampling=d.get("sampling"),
     )
 
 
