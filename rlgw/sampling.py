@@ -27,6 +27,9 @@ DEFAULTS: dict[str, float] = {
 }
 # Below this temperature vLLM samples greedily (vllm.v1.sample.sampler._SAMPLING_EPS).
 GREEDY_BELOW = 1e-5
+# vLLM raises a positive temperature below this to it (vllm.sampling_params._MAX_TEMP), so only
+# 0 is greedy.
+MIN_TEMPERATURE = 1e-2
 # The request fields through which vLLM constrains decoding with a grammar (structured outputs).
 _STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice")
 _STRUCTURED_FORMATS = ("json_object", "json_schema", "structural_tag")
@@ -76,6 +79,9 @@ def effective_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     """The sampling settings vLLM applies to a chat or text completion `body` (the one the
     backend got): each number with vLLM's default filled in, and which other processing is on."""
     out: dict[str, Any] = {name: _number(body.get(name), d) for name, d in DEFAULTS.items()}
+    t = out["temperature"]
+    if isinstance(t, float) and 0.0 < t < MIN_TEMPERATURE:
+        out["temperature"] = MIN_TEMPERATURE  # what vLLM samples at
     min_tokens = body.get("min_tokens")
     out["min_tokens"] = 0 if min_tokens is None else min_tokens
     out["seed"] = body.get("seed")

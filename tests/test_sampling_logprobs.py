@@ -127,3 +127,13 @@ def test_greedy_and_a_penalty_are_recorded_ineligible_and_counted(gw, http, admi
     line = 'rlgw_completions_recorded_total{eligible="false",reason="sampling"}'
     counted = [ln for ln in metrics.splitlines() if ln.startswith(line)]
     assert counted and float(counted[0].split()[-1]) >= 2
+
+
+def test_a_completion_without_a_session_records_its_sampling_too(gw, admin_http):
+    """Implicit sessions are stored by the one-statement batch writer (its own JSON encoding)."""
+    reply = gw.chat.completions.create(
+        model=MODEL_NAME, messages=PROMPT, max_tokens=4, temperature=0.5, extra_body={"top_k": 7}
+    )
+    record = fetch_record(admin_http, reply.id)
+    assert record["sampling"]["temperature"] == 0.5 and record["sampling"]["top_k"] == 7
+    assert record["eligible"], record["eligibility_reason"]

@@ -33,6 +33,12 @@ def test_null_is_the_default_and_given_values_are_kept():
     assert sampling_problems(s) == []  # the trainer reproduces these
 
 
+def test_a_tiny_positive_temperature_is_the_one_vllm_raises_it_to_not_greedy():
+    s = effective_sampling({"temperature": 0.000001})
+    assert s["temperature"] == 0.01 and sampling_problems(s) == []
+    assert effective_sampling({"temperature": 0})["temperature"] == 0.0
+
+
 def test_temperature_top_p_top_k_min_p_stay_eligible():
     s = effective_sampling({"temperature": 0.3, "top_p": 0.9, "top_k": 40, "min_p": 0.1})
     assert ineligible_reasons(**GOOD, sampling=s) == []
@@ -42,7 +48,6 @@ def test_temperature_top_p_top_k_min_p_stay_eligible():
     ("body", "words"),
     [
         ({"temperature": 0}, "sampled greedily (temperature 0.0)"),
-        ({"temperature": 0.000001}, "sampled greedily"),
         ({"presence_penalty": 0.5}, "sampled with presence_penalty 0.5"),
         ({"frequency_penalty": -0.2}, "sampled with frequency_penalty -0.2"),
         ({"repetition_penalty": 1.1}, "sampled with repetition_penalty 1.1"),
