@@ -62,6 +62,58 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
+# The log-probs vLLM returns are those of the distribution it sampled from (after temperature,
+# min-p, top-k and top-p; docs/training.md, "Behaviour log-probs and sampling settings"), not its
+# default raw ones; and a field a request omits takes vLLM's neutral default, not the model's
+# generation_config.json, so the settings the gateway records are the ones applied.
+LOGPROBS_MODE = "processed_logprobs"
+GENERATION_CONFIG = "vllm"
+
+
+class BackendArgsError(ValueError):
+    """Extra vLLM arguments that would make the recorded log-probs or sampling settings wrong."""
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value given to `flag` in `args` (`--flag value` or `--flag=value`), else None."""
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+        if arg == flag:
+            return args[i + 1] if i + 1 < len(args) else ""
+    return None
+
+
+def check_sampling_args(args: Sequence[str]) -> None:
+    """Refuse extra arguments that change what a completion's recorded log-probs or sampling
+    settings mean: another `--logprobs-mode` (raw log-probs are not the behaviour policy's at a
+    temperature other than 1), another `--generation-config` or an `--override-generation-config`
+    (defaults the gateway cannot see), a `--tool-strict-level` that constrains every tool call."""
+    mode = _flag_value(args, "--logprobs-mode")
+    if mode is not None and mode != LOGPROBS_MODE:
+        raise BackendArgsError(
+            f"--logprobs-mode {mode} would record log-probs of another distribution than the "
+            f"one sampled from; the gateway needs --logprobs-mode {LOGPROBS_MODE}"
+        )
+    config = _flag_value(args, "--generation-config")
+    if config is not None and config != GENERATION_CONFIG:
+        raise BackendArgsError(
+            f"--generation-config {config} would apply sampling defaults the gateway does not "
+            f"record; the gateway needs --generation-config {GENERATION_CONFIG}"
+        )
+    if _flag_value(args, "--override-generation-config") is not None:
+        raise BackendArgsError(
+            "--override-generation-config would apply sampling defaults the gateway does not "
+            "record: send the settings with each request instead"
+        )
+    strict = _flag_value(args, "--tool-strict-level")
+    if strict is not None and strict != "auto":
+        raise BackendArgsError(
+            f"--tool-strict-level {strict} would constrain tool calls in a way the gateway does "
+            "not record; leave it at auto"
+        )
+
+
 def backend_command(
     model_dir: Path | str,
     port: int,
@@ -84,12 +136,16 @@ def backend_command(
     and to the model's own limit on a GPU. `tool_call_parser` "auto" takes the parser that the
     checkpoint's tokenizer and template support (rlgw/tool_parsers.py; none when none fits), a
     named one is checked the same way (ToolParserError); None serves without tool calls.
+    Log-probs are the processed ones and sampling defaults vLLM's own (LOGPROBS_MODE,
+    GENERATION_CONFIG); extra arguments that change either are refused (`check_sampling_args`,
+    BackendArgsError).
     `lora_rank` (a model trained with LoRA) turns on run-time adapters up to that rank (rounded
     up to a value vLLM accepts), two resident at once (the served one and the next).
     """
     model_dir = Path(model_dir).expanduser().resolve()
     platform = _check_platform(platform) if platform else detect_platform()
     extra = list(extra_args)
+    check_sampling_args(extra)
     argv = [
         sys.executable,
         "-m",
@@ -115,6 +171,10 @@ def backend_command(
         argv += ["--max-model-len", str(max_model_len)]
     if worker_extension:
         argv += ["--worker-extension-cls", worker_extension]
+    if not _has_flag(extra, "--logprobs-mode"):
+        argv += ["--logprobs-mode", LOGPROBS_MODE]
+    if not _has_flag(extra, "--generation-config"):
+        argv += ["--generation-config", GENERATION_CONFIG]
     if lora_rank:
         argv += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(lora_rank))]
         argv += ["--max-loras", str(MAX_LORAS)]

@@ -1,12 +1,14 @@
 """Whether a recorded completion may be trained on: one pure function lists every reason it may not.
 
-The reasons come from four kinds of fact (docs/architecture.md, "Evidence, retries and rewards"):
+The reasons come from five kinds of fact (docs/architecture.md, "Evidence, retries and rewards"):
 - its evidence: a normal finish, a known served version, the prompt's token ids, and one finite
   log-prob per output token (not vLLM's -9999 placeholder); a text completion with `echo` and
   `max_tokens` 0 has only its prompt scored (ECHO_ONLY);
 - its session: closed (or further) before the completion was recorded;
 - weight swaps: the request crossed a swap of its backend, or finished while the gateway could
   not follow the registry (settled against the registry when its record is written);
+- its sampling settings: processing of the logits the trainer cannot reproduce (penalties,
+  logit_bias, structured outputs, greedy decoding...: rlgw/sampling.py);
 - its commit: the database failed during the COMMIT and the caller was told the call failed
   (learned after the row may exist: that reason is added to the stored list later).
 No reason replaces another: the stored list (`completions.ineligible_reasons`) only grows.
@@ -24,12 +26,13 @@ exported as steps.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 
+from rlgw.sampling import sampling_problems
 from rlgw.session_status import SessionStatus
 
 
@@ -47,6 +50,7 @@ class ReasonKind(StrEnum):
     NOT_FOLLOWING = "not_following"
     DOUBTFUL_COMMIT = "doubtful_commit"
     ORPHAN = "orphan"  # a retry orphan (lineage's verdict: `completions.orphan_reason`)
+    SAMPLING = "sampling"  # sampled with processing the trainer cannot reproduce (rlgw/sampling.py)
     OTHER = "other"  # a text that was not made as a `Reason` (read back from the database)
 
 
@@ -111,6 +115,7 @@ def ineligible_reasons(
     swap_doubt: str | None = None,
     doubtful_commit: bool = False,
     echo_only: bool = False,
+    sampling: Mapping[str, Any] | None = None,
 ) -> list[Reason]:
     """Every reason training must not use a completion; empty when it may.
 
@@ -119,7 +124,8 @@ def ineligible_reasons(
     its completion). `swap_doubt`: None, CROSSED_SWAP, or NOT_FOLLOWING while not yet settled.
     `doubtful_commit`: the caller was told the call failed although the row may have been stored.
     `echo_only`: a text completion with `echo` and `max_tokens` 0 (ECHO_ONLY in place of "no
-    output tokens").
+    output tokens"). `sampling`: the settings the backend applied (`rlgw.sampling.
+    effective_sampling`; None when not recorded).
     """
     reasons = []
     if status != "complete":
@@ -137,6 +143,7 @@ def ineligible_reasons(
     elif not output_token_ids:
         reasons.append(Reason("no output tokens", ReasonKind.TOKENS))
     reasons += _logprob_reasons(output_token_ids or (), output_logprobs)
+    reasons += [Reason(text, ReasonKind.SAMPLING) for text in sampling_problems(sampling)]
     if session_status is not None and session_status != SessionStatus.OPEN:
         reasons.append(session_reason(session_status))
     if swap_doubt is not None:

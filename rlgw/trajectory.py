@@ -106,6 +106,12 @@ class Step(Eligibility):
         "the episode's outcome); null while its group is pending or when it was dropped",
     )
     response: dict[str, Any] | None
+    sampling: dict[str, Any] | None = Field(
+        default=None,
+        description="the sampling settings the backend applied (temperature, top_p, top_k, "
+        "min_p, penalties, ...; rlgw/sampling.py); the trainer scores the step under the same "
+        "temperature and masks. Null: recorded before they were kept (scored at temperature 1)",
+    )
     created_at: datetime
 
 
@@ -226,6 +232,7 @@ def _step(c: Completion, rewards: list[RewardOut]) -> Step:
         rewards=rewards,
         reward_raw=sum(counting) if counting else None,
         response=c.response,
+        sampling=c.sampling,
         created_at=c.created_at,
     )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import numpy as np
 
+from rlgw.sampling import sampling_problems
+
 # Strict tool schemas are enforced by vLLM's grammar, but JSON allows whitespace anywhere and the
 # tiny random model pads with it forever; tests that need a finished tool call forbid whitespace
 # (tab, newline, carriage return, space) with logit_bias, a pass-through sampling field.
@@ -12,6 +14,15 @@ NO_WHITESPACE = {"9": -100, "10": -100, "13": -100, "32": -100}
 # The tiny model's <|im_end|> (trainer/models/init_model.py): a large bias ends free text at once,
 # so an agent loop that needs a finished (not length-cut) answer gets one.
 END_NOW = {"258": 100}
+
+
+def only_sampling_reasons(record: dict) -> bool:
+    """Whether every reason a record may not be trained on is one its recorded sampling settings
+    give (rlgw/sampling.py), in their order, and nothing else: its evidence is whole. The
+    compatibility tests decode greedily (to compare with vLLM token for token) and steer the tiny
+    model with logit_bias and forced tool calls, which the trainer cannot reproduce."""
+    sampling = record["sampling"]
+    return sampling is not None and record["ineligible_reasons"] == sampling_problems(sampling)
 
 
 def replay_greedy_on_vllm(vllm_url: str, record: dict) -> dict:

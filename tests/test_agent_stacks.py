@@ -15,7 +15,7 @@ from typing import Literal
 import httpx
 import pytest
 
-from compat_helpers import END_NOW, NO_WHITESPACE
+from compat_helpers import END_NOW, NO_WHITESPACE, only_sampling_reasons
 from conftest import MODEL_NAME, fetch_record
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -35,8 +35,10 @@ def assert_chain(completions: list[dict], admin_http) -> None:
     """Each turn continues the one before it; all are recorded whole."""
     assert [c["parent_id"] for c in completions] == [None] + [c["id"] for c in completions[:-1]]
     for c in completions:
-        assert c["status"] == "complete" and c["eligible"] and not c["is_orphan"]
+        assert c["status"] == "complete" and not c["is_orphan"]
         record = fetch_record(admin_http, c["id"])
+        # greedy, biased, forced tool calls: not trained on, for those reasons only
+        assert only_sampling_reasons(record), record["ineligible_reasons"]
         assert record["prompt_token_ids"] and record["output_token_ids"]
         assert len(record["output_logprobs"]) == len(record["output_token_ids"])
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from auth_helpers import as_key, auth_gateway, mint_key
-from compat_helpers import assert_token_exact
+from compat_helpers import assert_token_exact, only_sampling_reasons
 from conftest import ADMIN_KEY, MODEL_NAME, fetch_record
 from fakes import FAKE_MODEL, fake_backend_database
 
@@ -84,7 +84,9 @@ def create(client: anthropic.Anthropic, stream: bool, **kwargs):
 
 def assert_recorded(record: dict, message) -> None:
     assert record["api"] == "messages"
-    assert record["status"] == "complete" and record["eligible"], record["eligibility_reason"]
+    assert record["status"] == "complete" and only_sampling_reasons(record), record[
+        "ineligible_reasons"
+    ]
     assert record["policy_version"] == 0
     assert len(record["prompt_token_ids"]) == message.usage.input_tokens
     assert len(record["output_token_ids"]) == message.usage.output_tokens

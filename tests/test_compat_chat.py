@@ -8,7 +8,7 @@ import numpy as np
 import openai
 import pytest
 
-from compat_helpers import NO_WHITESPACE
+from compat_helpers import NO_WHITESPACE, only_sampling_reasons
 from conftest import MODEL_NAME, fetch_record
 
 TOOLS = [
@@ -61,7 +61,9 @@ def truth(direct: openai.OpenAI, **kwargs) -> dict:
 
 
 def assert_recorded(record: dict, prompt_ids: list[int], choice: dict) -> None:
-    assert record["status"] == "complete" and record["eligible"], record["eligibility_reason"]
+    assert record["status"] == "complete" and only_sampling_reasons(record), record[
+        "ineligible_reasons"
+    ]
     assert record["policy_version"] == 0
     assert record["prompt_token_ids"] == prompt_ids
     assert record["output_token_ids"] == choice["token_ids"]

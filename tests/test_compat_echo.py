@@ -12,7 +12,9 @@ import openai
 import pytest
 
 from rlgw.eligibility import ECHO_ONLY
+from rlgw.sampling import sampling_problems
 
+from compat_helpers import only_sampling_reasons
 from conftest import MODEL_NAME, fetch_record
 
 PROMPT = "The capital of France is"
@@ -71,7 +73,7 @@ def assert_recorded_apart(record: dict, truth_choice: dict) -> None:
         np.float32(record["output_logprobs"]), np.float32(token_logprobs[len(prompt_ids) :])
     )
     assert record["status"] == "complete"
-    assert record["ineligible_reasons"] == [], record["ineligible_reasons"]
+    assert only_sampling_reasons(record), record["ineligible_reasons"]
 
 
 def test_the_official_client_gets_the_echoed_prompt_and_its_log_probs(gw, vllm, admin_http):
@@ -116,7 +118,9 @@ def test_max_tokens_zero_scores_the_prompt_and_is_never_trained_on(http, vllm, a
     truth = token_truth(vllm, body)["choices"][0]
     assert record["prompt_token_ids"] == truth["prompt_token_ids"]
     assert record["output_token_ids"] == [] and record["output_logprobs"] == []
-    assert record["ineligible_reasons"] == [ECHO_ONLY]
+    # and greedy: the sampling reason its settings give (rlgw/sampling.py)
+    assert record["ineligible_reasons"] == [ECHO_ONLY, *sampling_problems(record["sampling"])]
+    assert record["sampling"]["temperature"] == 0.0
 
 
 def test_echo_without_logprobs_shows_none(http, vllm, admin_http):

@@ -8,7 +8,7 @@ import numpy as np
 import openai
 import pytest
 
-from compat_helpers import NO_WHITESPACE, assert_token_exact
+from compat_helpers import NO_WHITESPACE, assert_token_exact, only_sampling_reasons
 from conftest import MODEL_NAME, fetch_record
 
 FUNCTION_TOOLS = [
@@ -62,7 +62,9 @@ def create(client: openai.OpenAI, stream: bool, **kwargs):
 
 def assert_recorded(record: dict, response, tokenizer) -> None:
     assert record["api"] == "responses"
-    assert record["status"] == "complete" and record["eligible"], record["eligibility_reason"]
+    assert record["status"] == "complete" and only_sampling_reasons(record), record[
+        "ineligible_reasons"
+    ]
     assert record["policy_version"] == 0
     assert len(record["prompt_token_ids"]) == response.usage.input_tokens
     assert len(record["output_token_ids"]) == response.usage.output_tokens

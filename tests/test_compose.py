@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from rlgw.backend_launcher import check_sampling_args
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SERVICES = {"postgres", "vllm", "gateway", "trainer"}
@@ -146,6 +148,15 @@ def test_vllm_dev_mode_and_worker_extension(config: dict[str, Any]) -> None:
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     devices = vllm["deploy"]["resources"]["reservations"]["devices"]
     assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+
+
+def test_vllm_reports_processed_logprobs_with_its_own_sampling_defaults(config: dict) -> None:
+    """Like `rlgw backend`: the recorded log-probs are those of the distribution sampled from,
+    and no model default the gateway cannot see is applied (docs/training.md)."""
+    argv = _argv(config["services"]["vllm"].get("command"))
+    assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert argv[argv.index("--generation-config") + 1] == "vllm"
+    check_sampling_args(argv)  # nothing there the launcher would refuse
 
 
 def test_database_port_not_published(config: dict[str, Any]) -> None:

@@ -91,3 +91,38 @@ def test_reasons_migration_keeps_every_stored_verdict_both_ways(make_database):
     with engine.connect() as conn:
         assert set(conn.execute(text(_OLD_VERDICTS)).all()) == set(verdicts)
     engine.dispose()
+
+
+def test_sampling_migration_adds_a_nullable_column_old_rows_keep_null(make_database):
+    """0014 adds `completions.sampling`: rows recorded before it read null (they were recorded
+    with raw log-probs and train at temperature 1); the downgrade drops it and keeps the rows."""
+    url = make_database()
+    upgrade(url, "0013")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO sessions (id) VALUES ('s')"))
+        conn.execute(
+            text(
+                "INSERT INTO completions (id, session_id, api, model, status, stream, request, "
+                "created_at) VALUES ('old', 's', 'chat', 'm', 'complete', false, '{}', now())"
+            )
+        )
+    upgrade(url, "0014")
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT sampling FROM completions")).scalar_one() is None
+        conn.execute(
+            text(
+                "INSERT INTO completions (id, session_id, api, model, status, stream, request, "
+                "created_at, sampling) VALUES ('new', 's', 'chat', 'm', 'complete', false, '{}', "
+                "now(), CAST(:s AS jsonb))"
+            ),
+            {"s": '{"temperature": 0.3, "top_p": 0.9}'},
+        )
+        stored = conn.execute(text("SELECT sampling FROM completions WHERE id = 'new'"))
+        assert stored.scalar_one() == {"temperature": 0.3, "top_p": 0.9}
+    downgrade(url, "0013")
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("completions")}
+        ids = set(conn.execute(text("SELECT id FROM completions")).scalars())
+    assert "sampling" not in columns and ids == {"old", "new"}
+    engine.dispose()

@@ -6,6 +6,7 @@ import numpy as np
 import openai
 import pytest
 
+from compat_helpers import only_sampling_reasons
 from conftest import MODEL_NAME, fetch_record
 
 MESSAGES = [{"role": "user", "content": "Say something about gateways."}]
@@ -44,7 +45,9 @@ def test_chat_record_matches_what_vllm_returned(client, direct, admin_http, toke
     truth = direct_chat(direct, max_tokens=24, temperature=0)
     choice = truth["choices"][0]
 
-    assert record["status"] == "complete" and record["eligible"], record["eligibility_reason"]
+    assert record["status"] == "complete" and only_sampling_reasons(record), record[
+        "ineligible_reasons"
+    ]
     assert record["prompt_token_ids"] == truth["prompt_token_ids"]
     assert record["output_token_ids"] == choice["token_ids"]
     np.testing.assert_array_equal(
@@ -81,7 +84,7 @@ def test_stream_and_non_stream_records_are_identical(client, admin_http, tokeniz
 
     a, b = fetch_record(admin_http, plain.id), fetch_record(admin_http, chunks[0].id)
     assert b["stream"] and not a["stream"]
-    assert b["status"] == "complete" and b["eligible"], b["eligibility_reason"]
+    assert b["status"] == "complete" and only_sampling_reasons(b), b["ineligible_reasons"]
     assert a["prompt_token_ids"] == b["prompt_token_ids"]
     assert a["output_token_ids"] == b["output_token_ids"]
     np.testing.assert_array_equal(as_f32(a["output_logprobs"]), as_f32(b["output_logprobs"]))
@@ -165,7 +168,9 @@ def test_completions_with_token_prompt_are_recorded(client, admin_http, tokenize
         reply_id, text = reply.id, reply.choices[0].text
     record = fetch_record(admin_http, reply_id)
     assert record["api"] == "completions"
-    assert record["status"] == "complete" and record["eligible"], record["eligibility_reason"]
+    assert record["status"] == "complete" and only_sampling_reasons(record), record[
+        "ineligible_reasons"
+    ]
     assert record["prompt_token_ids"] == prompt
     assert len(record["output_logprobs"]) == len(record["output_token_ids"]) > 0
     assert tokenizer.decode(record["output_token_ids"], skip_special_tokens=True) == text

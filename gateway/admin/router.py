@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
+from pydantic import Field
 
 from rlgw.db.models import Completion
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
@@ -42,6 +43,10 @@ class CompletionPublic(RecordVerdict):
     request: dict[str, Any]
     response: dict[str, Any] | None
     backend_request: dict[str, Any] | None
+    sampling: dict[str, Any] | None = Field(
+        description="the sampling settings the backend applied (vLLM's defaults filled in); "
+        "null for completions recorded before they were kept"
+    )
     created_at: datetime
     finished_at: datetime | None
 
@@ -73,6 +78,7 @@ class CompletionPublic(RecordVerdict):
             request=row.request,
             response=row.response,
             backend_request=row.backend_request,
+            sampling=row.sampling,
             created_at=row.created_at,
             finished_at=row.finished_at,
         )

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 from fastapi.responses import JSONResponse, Response
 
+from rlgw.sampling import effective_sampling
+
 from ..errors import APIError
 from ..recording import lineage
 from ..recording.record import CompletionRecord
@@ -74,6 +76,7 @@ class ProxyService:
             if session_id is None
             else lineage.retry_key(session_id, surface.api, surface.body, idempotency_key)
         )
+        sampling = effective_sampling(surface.upstream())  # what the backend gets, defaults filled
         records = [
             CompletionRecord(
                 id=sibling_id(record_id, i),
@@ -86,6 +89,7 @@ class ProxyService:
                 stream=surface.stream,
                 request=surface.body,
                 backend_request=surface.wire_body if surface.translated else None,
+                sampling=sampling,
                 created_at=created,
                 sequence=None,
                 retry_group=retry_group,

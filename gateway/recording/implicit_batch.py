@@ -19,7 +19,7 @@ from .record import CompletionRecord
 
 # The json columns: written as SQLAlchemy's JSON type writes them (json.dumps; None too, as the
 # JSON `null`, not SQL NULL), so that both write paths store the same text.
-_JSON_COLUMNS = frozenset({"request", "response", "backend_request"})
+_JSON_COLUMNS = frozenset({"request", "response", "backend_request", "sampling"})
 _SESSION_COLUMNS = 4  # id, closed_at, tenant, agent_key_id
 # A held connection idle this long is given back for a pinged one: after a quiet spell (when a
 # database restart or an idle timeout may have closed it) no write has to fail to find out.

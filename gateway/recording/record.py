@@ -35,6 +35,8 @@ class CompletionRecord:
     response: dict[str, Any] | None = None
     # Responses/Messages: the chat completion body sent to the backend in the request's place.
     backend_request: dict[str, Any] | None = None
+    # The sampling settings the backend applied (rlgw.sampling.effective_sampling of its body).
+    sampling: dict[str, Any] | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None
     finished_at: datetime | None = None
@@ -68,6 +70,7 @@ class CompletionRecord:
             session_status=self.session_status,
             swap_doubt=self.swap_doubt,
             echo_only=self.echo_only,
+            sampling=self.sampling,
         )
         self.verdict = [*reasons, *([self.orphan_reason] if self.orphan_reason else [])]
         return {
@@ -91,6 +94,7 @@ class CompletionRecord:
             "request": self.request,
             "response": self.response,
             "backend_request": self.backend_request,
+            "sampling": self.sampling,
             "ineligible_reasons": reasons,
             "retry_group": self.retry_group,
             "sibling_group": self.sibling_group,

@@ -34,6 +34,12 @@ NAMING = {
 }
 
 
+SAMPLING_COMMENT = (
+    "the sampling settings the backend applied (rlgw.sampling.effective_sampling of the body it "
+    "got); null: recorded before they were kept"
+)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
     type_annotation_map = {dict[str, Any]: JSONB}
@@ -270,6 +276,10 @@ class Completion(Base):
         JSON,
         comment="responses|messages: the chat completion body the gateway sent to the backend "
         "in its place",
+    )
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONB,
+        comment=SAMPLING_COMMENT,
     )
     retry_group: Mapped[str | None] = mapped_column(String(64))
     sibling_group: Mapped[str | None] = mapped_column(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlgw.backend_launcher import CPU_MAX_MODEL_LEN, backend_command
+import pytest
+
+from rlgw.backend_launcher import CPU_MAX_MODEL_LEN, BackendArgsError, backend_command
 
 
 def _model(tmp_path: Path, positions: int = 32768, model_type: str = "qwen2") -> Path:
@@ -68,3 +70,29 @@ def test_a_lora_model_gets_run_time_adapters_up_to_an_accepted_rank(tmp_path: Pa
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     plain, plain_env = backend_command(_model(tmp_path), 8100, platform="cpu")
     assert "--enable-lora" not in plain and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain_env
+
+
+def test_backends_report_processed_logprobs_and_vllms_own_sampling_defaults(tmp_path: Path) -> None:
+    for platform in ("cpu", "gpu"):
+        argv, _ = backend_command(_model(tmp_path), 8100, platform=platform)
+        assert _value(argv, "--logprobs-mode") == "processed_logprobs"
+        assert _value(argv, "--generation-config") == "vllm"
+    same = ["--logprobs-mode=processed_logprobs", "--generation-config", "vllm"]
+    argv, _ = backend_command(_model(tmp_path), 8100, platform="cpu", extra_args=same)
+    assert argv.count("--logprobs-mode") + argv.count("--logprobs-mode=processed_logprobs") == 1
+    assert argv.count("--generation-config") == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--logprobs-mode", "raw_logprobs"], "--logprobs-mode raw_logprobs"),
+        (["--logprobs-mode=processed_logits"], "--logprobs-mode processed_logits"),
+        (["--generation-config", "auto"], "--generation-config auto"),
+        (["--override-generation-config", '{"temperature": 0.5}'], "override-generation-config"),
+        (["--tool-strict-level", "parameter"], "--tool-strict-level parameter"),
+    ],
+)
+def test_extra_args_that_would_make_the_record_wrong_are_refused(tmp_path, extra, named) -> None:
+    with pytest.raises(BackendArgsError, match=named):
+        backend_command(_model(tmp_path), 8100, platform="cpu", extra_args=extra)

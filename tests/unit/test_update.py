@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 from update_fixtures import PAD_ID, assert_same_update, random_samples, tiny_model, weights
 
 from trainer.config import TrainerConfig
+from trainer.loop.loss import token_logprobs
 from trainer.loop.microbatch import SampleTooLong, pack_microbatches, sample_tokens
-from trainer.loop.update import UpdateOutOfMemory, plan_update, policy_update
+from trainer.loop.samples import collate
+from trainer.loop.sampling_processing import SamplingSettings
+from trainer.loop.update import UpdateOutOfMemory, batch_logprobs, plan_update, policy_update
 
 WHOLE = 1 << 20  # a budget no test batch reaches: one micro-batch per minibatch
 # Two fp32 updates of the same gradient summed in a different order (per micro-batch, with other
@@ -182,3 +186,39 @@ def test_a_scheduled_update_warms_the_learning_rate_up_step_by_step() -> None:
     second = policy_update(model, optimizer, random_samples(4), cfg, PAD_ID, scheduled=True)
     assert second["lr"] == pytest.approx(1e-3)  # steps 3 and 4: warm
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+
+
+def test_samples_drawn_at_other_temperatures_and_masks_are_scored_under_them() -> None:
+    """Fresh data sampled at temperature 0.5 with top-p 0.9, at 0.8 with top-k 20 and min-p 0.05,
+    and at temperature 1, its behaviour log-probs the model's own under those settings: every
+    importance weight is 1, whether the batch is split into micro-batches or not."""
+    base = tiny_model(5)
+    settings = [
+        SamplingSettings(temperature=0.5, top_p=0.9),
+        None,
+        SamplingSettings(temperature=0.8, top_k=20, min_p=0.05),
+    ]
+    samples = [
+        dataclasses.replace(s, sampling=settings[i % 3])
+        for i, s in enumerate(random_samples(9, seed=5))
+    ]
+    batch = collate(samples, PAD_ID)
+    with torch.no_grad():
+        own = batch_logprobs(base.eval(), batch)
+        logits = base(input_ids=batch.inputs, attention_mask=batch.attention).logits[:, :-1]
+        plain = token_logprobs(logits, batch.targets)
+    outputs = batch.mask.bool()
+    assert (own[0] - plain[0])[outputs[0]].abs().max() > 0.1  # scored at temperature 0.5
+    assert torch.equal(own[1], plain[1])  # recorded without settings: temperature 1, as before
+    samples = [
+        dataclasses.replace(s, behave_logprobs=own[i][batch.mask[i].bool()].tolist())
+        for i, s in enumerate(samples)
+    ]
+    before = weights(base)
+    whole, micro = copy.deepcopy(base), copy.deepcopy(base)
+    m_whole = update(whole, samples, config(max_tokens_per_microbatch=WHOLE))
+    m_micro = update(micro, samples, config(max_tokens_per_microbatch=48))
+    for metrics in (m_whole, m_micro):
+        assert metrics["imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+        assert metrics["kl_behave"] == pytest.approx(0.0, abs=1e-5)
+    assert_same_update(weights(micro), weights(whole), before, RTOL)

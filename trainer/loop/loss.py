@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .sampling_processing import RowSampling, processed_token_logprobs
+
 # The token-mean metrics decoupled_ppo_loss returns (besides `tokens`), in a fixed order.
 METRICS = (
     "loss",
@@ -131,7 +133,14 @@ def token_entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> float:
         return float((entropy * mask.to(entropy.dtype)).sum())
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(tokens[:, t] | ...) from logits (B, T, V) predicting tokens (B, T) -> (B, T)."""
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, sampling: RowSampling | None = None
+) -> torch.Tensor:
+    """log p(tokens[:, t] | ...) from logits (B, T, V) predicting tokens (B, T) -> (B, T).
+    `sampling`: the positions to score under the temperature and masks their completion was
+    sampled with (trainer/loop/sampling_processing.py); None: every position at temperature 1."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    return logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    plain = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    if sampling is None:
+        return plain
+    return processed_token_logprobs(plain, logits, tokens, sampling)

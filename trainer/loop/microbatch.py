@@ -48,6 +48,9 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     moved = {}
     for field in dataclasses.fields(batch):
         tensor = getattr(batch, field.name)
+        if not isinstance(tensor, torch.Tensor):  # the sampling settings: None, or their own
+            moved[field.name] = None if tensor is None else tensor.to(device)
+            continue
         if device.type == "cuda":
             tensor = tensor.pin_memory()
         moved[field.name] = tensor.to(device, non_blocking=True)

@@ -26,6 +26,7 @@ class RecordedStep:
     eligibility_reason: str | None = None
     model: str | None = None  # absent from exports made before steps named their model
     finish_reason: str | None = None  # "length": cut by max_tokens (TrainerConfig.overlong)
+    sampling: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ def _step(d: Mapping[str, Any]) -> RecordedStep:
         eligibility_reason=d.get("eligibility_reason"),
         model=d.get("model"),
         finish_reason=d.get("finish_reason"),
+        sampling=d.get("sampling"),
     )
 
 

@@ -18,6 +18,7 @@ from rlgw.siblings import sibling_advantages
 
 from ..config import TrainerConfig
 from .advantages import NON_FINITE
+from .sampling_processing import RowSampling, SamplingSettings
 
 OVERLONG_MASKED = "overlong: cut by max_tokens (finish_reason length; overlong=mask)"
 FLOAT32_MAX = 3.4028234663852886e38  # the update computes in float32: beyond it is infinite
@@ -35,6 +36,9 @@ class Sample:
     behave_logprobs: list[float]  # recorded when the backend generated output_ids
     advantage: float
     version: int  # the policy version that generated it
+    # The temperature and masks it was sampled with; None: recorded before they were kept
+    # (scored at temperature 1, as then).
+    sampling: SamplingSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,7 @@ def build_samples(
                     step.output_logprobs,
                     float(advantage),
                     step.policy_version,
+                    SamplingSettings.from_record(step.sampling),
                 )
             )
     return samples, skips
@@ -168,6 +173,8 @@ class Batch:
     mask: torch.Tensor  # (B, L-1) 1 where the target is an output token
     behave: torch.Tensor  # (B, L-1) recorded log-prob at output targets, 0 elsewhere
     advantages: torch.Tensor  # (B, L-1) the sample's advantage, broadcast
+    # Per-row temperature and masks and the positions they apply to; None: all at temperature 1.
+    sampling: RowSampling | None = None
 
 
 def collate(samples: list[Sample], pad_id: int) -> Batch:
@@ -186,4 +193,5 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
         mask[i, p - 1 : p + o - 1] = 1
         behave[i, p - 1 : p + o - 1] = torch.tensor(s.behave_logprobs)
         advantages[i, :] = s.advantage
-    return Batch(inputs, attention, inputs[:, 1:], mask, behave, advantages)
+    sampling = RowSampling.of([s.sampling for s in samples], mask)
+    return Batch(inputs, attention, inputs[:, 1:], mask, behave, advantages, sampling)

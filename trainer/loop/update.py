@@ -56,9 +56,10 @@ class Plan:
 
 
 def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """log pi(targets) under `model`: (B, L-1)."""
+    """log pi(targets) under `model`: (B, L-1), at each completion's temperature and masks."""
     logits = model(input_ids=batch.inputs, attention_mask=batch.attention, use_cache=False).logits
-    return token_logprobs(logits[:, :-1], batch.targets)  # logits (B, L, V) -> (B, L-1)
+    # logits (B, L, V) -> (B, L-1), each completion's under the processing it was sampled with
+    return token_logprobs(logits[:, :-1], batch.targets, batch.sampling)
 
 
 def plan_update(

@@ -1,0 +1,171 @@
+"""The trainer's log-probs under the processing vLLM sampled with: temperature, min-p, top-k, top-p.
+
+vLLM 0.32's sampler (vllm/v1/sample/sampler.py, `--logprobs-mode processed_logprobs`) turns a
+row's logits into the distribution it samples from, and reports, in this order: divide by the
+temperature; min-p (`MinPLogitsProcessor`: drop tokens whose probability is below min_p times
+the largest); top-k (drop logits below the k-th largest, ties kept); top-p (sort ascending, softmax
+over what is left, drop the prefix whose cumulative probability is <= 1 - p, always keeping the
+largest); then log_softmax over the kept tokens. `processed_token_logprobs` does the same, on the
+output positions of the rows that need it only (a T=1, unmasked row keeps the plain path).
+
+One rule of our own: the sampled token is always kept. vLLM sampled it from the kept set, so with
+the serving weights it is kept anyway (up to float noise at the boundary); with other weights
+(the proximal or current policy after an update) it may fall outside their mask, and a log-prob of
+-inf would make the importance ratio 0 or infinite. Measured error: docs/training.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Rows of logits whose masks are computed at once: bounds the sort's extra memory
+# (a float32 copy and int64 indices of CHUNK x vocabulary).
+CHUNK = 512
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """The settings of one completion the trainer reproduces (the rest make it ineligible)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 (or -1, or >= the vocabulary): off
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @classmethod
+    def from_record(cls, sampling: Mapping[str, Any] | None) -> SamplingSettings | None:
+        """From a completion's recorded `sampling` (rlgw.sampling.effective_sampling); None for a
+        completion recorded before the settings were kept (scored at temperature 1, as then)."""
+        if sampling is None:
+            return None
+        return cls(
+            temperature=float(sampling.get("temperature", 1.0)),
+            top_k=int(sampling.get("top_k", 0)),
+            top_p=float(sampling.get("top_p", 1.0)),
+            min_p=float(sampling.get("min_p", 0.0)),
+        )
+
+    @property
+    def neutral(self) -> bool:
+        """The plain log_softmax of the logits: temperature 1, no mask."""
+        return self.temperature == 1.0 and self.top_k <= 0 and self.top_p >= 1.0 and not self.min_p
+
+
+@dataclass
+class RowSampling:
+    """A batch's per-row settings (B,) and the positions (B, T) to score under them: the output
+    positions of the rows whose settings are not neutral."""
+
+    temperature: torch.Tensor  # (B,) float
+    top_k: torch.Tensor  # (B,) long, 0: off
+    top_p: torch.Tensor  # (B,) float
+    min_p: torch.Tensor  # (B,) float
+    positions: torch.Tensor  # (B, T) bool
+
+    @classmethod
+    def of(cls, settings: list[SamplingSettings | None], mask: torch.Tensor) -> RowSampling | None:
+        """For the rows' settings and the batch's output mask (B, T); None when every row is
+        neutral (the batch keeps the plain path)."""
+        rows = [s or SamplingSettings() for s in settings]
+        needs = torch.tensor([not s.neutral for s in rows])
+        if not bool(needs.any()):
+            return None
+        return cls(
+            torch.tensor([s.temperature for s in rows], dtype=torch.float32),
+            torch.tensor([max(s.top_k, 0) for s in rows], dtype=torch.long),
+            torch.tensor([s.top_p for s in rows], dtype=torch.float32),
+            torch.tensor([s.min_p for s in rows], dtype=torch.float32),
+            mask.bool() & needs.unsqueeze(1),
+        )
+
+    def to(self, device: torch.device) -> RowSampling:
+        return RowSampling(*(t.to(device, non_blocking=True) for t in self._tensors()))
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.temperature, self.top_k, self.top_p, self.min_p, self.positions)
+
+
+@torch.no_grad()
+def dropped(
+    scaled: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    tokens: torch.Tensor,
+) -> torch.Tensor:
+    """Which tokens vLLM's min-p, top-k and top-p masks drop (N, V), from the temperature-scaled
+    float32 logits (N, V), per-row k (0: off), p and min_p (N,); `tokens` (N,) are always kept."""
+    n, vocab = scaled.shape
+    drop = torch.zeros_like(scaled, dtype=torch.bool)
+    x = scaled.clone()
+    if bool((min_p > 0).any()):
+        probs = x.softmax(dim=-1)
+        drop |= probs < probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+        x.masked_fill_(drop, -float("inf"))
+    k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)
+    use_k, use_p = bool((k < vocab).any()), bool((top_p < 1.0).any())
+    if use_k or use_p:
+        ordered, order = x.sort(dim=-1, descending=False)
+        cut = torch.zeros_like(ordered, dtype=torch.bool)
+        if use_k:
+            kth = ordered.gather(1, (vocab - k).unsqueeze(1))  # the k-th largest value
+            cut |= ordered < kth
+            ordered = ordered.masked_fill(cut, -float("inf"))
+        if use_p:
+            cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+            below = cumulative <= (1.0 - top_p).unsqueeze(1)
+            below[:, -1] = False  # the largest always stays
+            cut |= below
+        drop |= torch.zeros_like(cut).scatter_(1, order, cut)
+    drop[torch.arange(n, device=drop.device), tokens] = False
+    return drop
+
+
+def processed_logprobs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """log p(tokens) (N,) under the processed distribution of logits (N, V) with per-row
+    settings (N,); differentiable in the logits (the masks are constants)."""
+    scaled = logits.float() / temperature.unsqueeze(1)
+    drop = torch.cat(
+        [
+            dropped(
+                scaled[i : i + CHUNK].detach(),
+                top_k[i : i + CHUNK],
+                top_p[i : i + CHUNK],
+                min_p[i : i + CHUNK],
+                tokens[i : i + CHUNK],
+            )
+            for i in range(0, scaled.shape[0], CHUNK)
+        ]
+    )
+    logprobs = torch.log_softmax(scaled.masked_fill(drop, -float("inf")), dim=-1)
+    return logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def processed_token_logprobs(
+    plain: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, sampling: RowSampling
+) -> torch.Tensor:
+    """`plain` (B, T), the temperature-1 log-probs of `tokens` (B, T) under `logits` (B, T, V),
+    with the positions `sampling` names replaced by their processed log-probs."""
+    rows, cols = sampling.positions.nonzero(as_tuple=True)
+    if rows.numel() == 0:
+        return plain
+    values = processed_logprobs(
+        logits[rows, cols],
+        tokens[rows, cols],
+        sampling.temperature[rows],
+        sampling.top_k[rows],
+        sampling.top_p[rows],
+        sampling.min_p[rows],
+    )
+    return plain.index_put((rows, cols), values.to(plain.dtype))
