@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -53,6 +54,7 @@ from bench.learning_stats import (  # noqa: E402
     token_kls,
     tokens_per_minute,
 )
+from trainer.config import TrainerConfig  # noqa: E402
 
 MODES = {"full": {}, "lora": {"lora_rank": 8}}  # TrainerConfig fields; the rest its defaults
 PLACEMENTS = ("shared", "separated", "colocated")
@@ -228,7 +230,7 @@ def run_one(spec: dict) -> int:
         clock_after_baseline=True,
         drain_s=spec["drain_s"],
         concurrency=spec["concurrency"],
-        trainer=MODES[spec["mode"]],
+        trainer={**MODES[spec["mode"]], **spec.get("trainer", {})},
         out_dir=out / spec["name"],
     )
     demo_run = DemoRun(Settings(), options)
@@ -475,6 +477,21 @@ def report(runs: list[dict], header: dict, out: Path) -> dict:
     return summary
 
 
+def trainer_options(pairs: list[str]) -> dict[str, object]:
+    """`--trainer FIELD=VALUE` pairs as TrainerConfig overrides (VALUE read as JSON, else text)."""
+    fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+    options: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or name not in fields:
+            raise SystemExit(f"--trainer {pair!r}: expected FIELD=VALUE with a TrainerConfig field")
+        try:
+            options[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[name] = raw
+    return options
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2", help="comma-separated (default 0,1,2)")
@@ -502,6 +519,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--drain", type=float, default=900.0, help="seconds an update in flight is waited for"
     )
     p.add_argument("--preset", default=DEFAULT_PRESET, help="rlgw demo's model preset")
+    p.add_argument(
+        "--trainer",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a TrainerConfig field over the mode's defaults (JSON value), e.g. batch_sessions=64; "
+        "repeatable",
+    )
     p.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432", help="a new database")
     p.add_argument("--home", default="bench/results/learning-home", help="RLGW_HOME: models, logs")
     p.add_argument("--out", default=None, help="default bench/results/learning/<UTC time>")
@@ -543,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.preset == DEFAULT_PRESET
             else f"{args.preset} (rlgw demo's preset)"
         )
-        + "; trainer defaults (full: TrainerConfig(); lora: TrainerConfig(lora_rank=8))",
+        + "; trainer defaults (full: TrainerConfig(); lora: TrainerConfig(lora_rank=8))"
+        + (f", with {', '.join(args.trainer)}" if args.trainer else ""),
         "budget": f"{args.minutes:g} minutes of training per run (the clock starts after the "
         "first evaluation), then the update in flight is finished and the model evaluated",
         "evaluations": f"before/after {args.edge_eval_samples * HELD_OUT_PAIRS} samples "
@@ -570,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
                     "eval_every": args.eval_every,
                     "concurrency": args.concurrency,
                     "drain_s": args.drain,
+                    "trainer": trainer_options(args.trainer),
                     "result": str(out / "runs" / f"{name}.json"),
                 }
                 log(f"run {len(runs) + 1}: {name}")
