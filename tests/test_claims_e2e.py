@@ -20,15 +20,13 @@ from pathlib import Path
 import openai
 import pytest
 from sqlalchemy import select, text
-from test_trainer_e2e import Env, current_version, drain_queue
+from test_trainer_e2e import Env, current_version, drain_queue, trainer_env
 
-from gateway.main import create_app
 from gateway.recording.record import CompletionRecord
 from gateway.recording.store import store_batch
-from migrations.runner import upgrade
 from rlgw.db.engine import make_async_engine, make_sync_engine, sync_session_factory
 from rlgw.db.models import AgentSession, Consumption, RegisteredModel
-from rlgw.registry import register_backend, store_model
+from rlgw.registry import store_model
 from rlgw.test_hooks import COMMIT_DELAY_ENV, FAULT_ENV
 from trainer.config import TrainerConfig
 from trainer.loop.service import OnlineTrainer
@@ -36,11 +34,6 @@ from trainer.models.init_model import create_model
 
 from conftest import (
     MODEL_NAME,
-    LiveServer,
-    free_port,
-    gateway_settings,
-    start_vllm_servers,
-    stop_vllm_servers,
 )
 
 LEASE_S = 2.0  # the stopped trainer's lease: short, so that the test need not wait long
@@ -49,24 +42,7 @@ PLANNER = "tiny-planner"  # the second model of the two-model session (no backen
 
 @pytest.fixture(scope="module")
 def env(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Env]:
-    db_url = make_database()
-    upgrade(db_url)
-    servers = start_vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("claims-logs"))
-    engine = make_sync_engine(db_url)
-    register_backend(
-        sync_session_factory(engine), MODEL_NAME, servers[0][1], model_path=str(tiny_model_dir)
-    )
-    engine.dispose()
-    with LiveServer(create_app(gateway_settings(db_url)), free_port()) as gw:
-        yield Env(
-            db_url,
-            servers[0][1],
-            servers[0][0],
-            gw.url,
-            tmp_path_factory.mktemp("claims-home"),
-            tiny_model_dir,
-        )
-    stop_vllm_servers(servers)
+    yield from trainer_env(make_database, tiny_model_dir, tmp_path_factory, "claims")
 
 
 def wait_for(what: str, condition, timeout_s: float) -> None:

@@ -110,9 +110,15 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Env]:
+    yield from trainer_env(make_database, tiny_model_dir, tmp_path_factory, "train")
+
+
+def trainer_env(make_database, tiny_model_dir, tmp_path_factory, label: str) -> Iterator[Env]:
+    """A migrated database, a vLLM server of its own (versions are pushed into it) registered
+    for the tiny model, and a gateway on them; `label` names the temporary folders."""
     db_url = make_database()
     upgrade(db_url)
-    servers = start_vllm_servers(tiny_model_dir, tmp_path_factory.mktemp("train-logs"))
+    servers = start_vllm_servers(tiny_model_dir, tmp_path_factory.mktemp(f"{label}-logs"))
     engine = make_sync_engine(db_url)
     register_backend(
         sync_session_factory(engine), MODEL_NAME, servers[0][1], model_path=str(tiny_model_dir)
@@ -124,7 +130,7 @@ def env(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Env]:
             servers[0][1],
             servers[0][0],
             gw.url,
-            tmp_path_factory.mktemp("home"),
+            tmp_path_factory.mktemp(f"{label}-home"),
             tiny_model_dir,
         )
     stop_vllm_servers(servers)
