@@ -76,7 +76,9 @@ class ProxyService:
             if session_id is None
             else lineage.retry_key(session_id, surface.api, surface.body, idempotency_key)
         )
-        sampling = effective_sampling(surface.upstream())  # what the backend gets, defaults filled
+        # The settings the backend applies: its body's sampling fields (the gateway adds only
+        # logprobs and token ids to it), vLLM's defaults filled in.
+        sampling = effective_sampling(surface.wire_body)
         records = [
             CompletionRecord(
                 id=sibling_id(record_id, i),
