@@ -44,6 +44,9 @@ class TrainerConfig:
     min_sessions: int = 1  # an update waits until at least this many are eligible
     max_staleness: int = 4  # versions a completion may lag behind the current one (AReaL's eta)
     max_tokens_per_sample: int = 2048  # longer samples are skipped with a reason
+    # a session's turns as one sequence while each extends the last (rlgw/sequences.py);
+    # False: every turn a sample of its own, its whole history as its prompt
+    join_turns: bool = True
     # objective: decoupled PPO (Fu et al. 2025, AReaL, eq. 5)
     clip_eps: float = 0.2  # PPO clip range on pi_theta / pi_prox (Schulman et al. 2017: 0.2)
     clip_eps_high: float | None = None  # upper clip (DAPO's clip-higher); None: clip_eps

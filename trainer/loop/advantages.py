@@ -21,9 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rlgw.sequences import NON_FINITE  # one wording for both checks
+
 from ..config import TrainerConfig
 
-NON_FINITE = "non-finite advantage"
 ZERO_VARIANCE = "zero-variance group"
 
 

@@ -1,6 +1,7 @@
-"""Token-budgeted micro-batches: samples packed so that samples x longest <= the budget.
+"""Token-budgeted micro-batches: rows packed so that rows x longest <= the budget.
 
-Padding counts: a micro-batch costs its padded rectangle, B x L tokens. Samples are packed in
+A row is a sample, or the samples of one training sequence (`sequence_rows`), never split.
+Padding counts: a micro-batch costs its padded rectangle, B x L tokens. Rows are packed in
 length order (shortest first), which keeps padding small; the order does not change the update,
 since gradients are summed over micro-batches.
 """
@@ -11,7 +12,7 @@ import dataclasses
 
 import torch
 
-from .samples import Batch, Sample
+from .samples import Batch, Sample, row_tokens, sequence_rows
 
 
 class SampleTooLong(ValueError):
@@ -23,23 +24,24 @@ def sample_tokens(sample: Sample) -> int:
 
 
 def pack_microbatches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
-    """Greedy packing in ascending length: each group's len(group) * longest <= max_tokens."""
+    """Greedy packing of the samples' rows in ascending length: each group's rows x longest <=
+    max_tokens; a training sequence's samples stay in one group."""
     groups: list[list[Sample]] = []
-    current: list[Sample] = []
-    for sample in sorted(samples, key=sample_tokens):
-        length = sample_tokens(sample)
+    current: list[list[Sample]] = []
+    for row in sorted(sequence_rows(samples), key=lambda r: len(row_tokens(r))):
+        length = len(row_tokens(row))
         if length > max_tokens:
             raise SampleTooLong(
-                f"sample {sample.completion_id} has {length} tokens, more than "
+                f"sample {row[-1].completion_id} has {length} tokens, more than "
                 f"max_tokens_per_microbatch={max_tokens}; keep max_tokens_per_sample <= "
                 "max_tokens_per_microbatch so that build_samples skips it with a reason"
             )
         if current and (len(current) + 1) * length > max_tokens:
-            groups.append(current)
+            groups.append([s for r in current for s in r])
             current = []
-        current.append(sample)
+        current.append(row)
     if current:
-        groups.append(current)
+        groups.append([s for r in current for s in r])
     return groups
 
 

@@ -6,7 +6,7 @@ temperature; min-p (`MinPLogitsProcessor`: drop tokens whose probability is belo
 the largest); top-k (drop logits below the k-th largest, ties kept); top-p (sort ascending, softmax
 over what is left, drop the prefix whose cumulative probability is <= 1 - p, always keeping the
 largest); then log_softmax over the kept tokens. `processed_token_logprobs` does the same, on the
-output positions of the rows that need it only (a T=1, unmasked row keeps the plain path).
+output positions that need it only (T=1 and unmasked positions keep the plain path).
 
 One rule of our own: the sampled token is always kept. vLLM sampled it from the kept set, so with
 the serving weights it is kept anyway (up to float noise at the boundary); with other weights
@@ -57,30 +57,45 @@ class SamplingSettings:
 
 @dataclass
 class RowSampling:
-    """A batch's per-row settings (B,) and the positions (B, T) to score under them: the output
-    positions of the rows whose settings are not neutral."""
+    """A batch's settings per position (B, T), and the positions (B, T) to score under them: the
+    output positions whose settings are not neutral. (Per position, not per row: the turns of
+    one training sequence may each have been sampled with settings of their own.)"""
 
-    temperature: torch.Tensor  # (B,) float
-    top_k: torch.Tensor  # (B,) long, 0: off
-    top_p: torch.Tensor  # (B,) float
-    min_p: torch.Tensor  # (B,) float
+    temperature: torch.Tensor  # (B, T) float
+    top_k: torch.Tensor  # (B, T) long, 0: off
+    top_p: torch.Tensor  # (B, T) float
+    min_p: torch.Tensor  # (B, T) float
     positions: torch.Tensor  # (B, T) bool
 
     @classmethod
-    def of(cls, settings: list[SamplingSettings | None], mask: torch.Tensor) -> RowSampling | None:
-        """For the rows' settings and the batch's output mask (B, T); None when every row is
-        neutral (the batch keeps the plain path)."""
-        rows = [s or SamplingSettings() for s in settings]
-        needs = torch.tensor([not s.neutral for s in rows])
-        if not bool(needs.any()):
+    def of(
+        cls,
+        spans: list[list[tuple[int, int, SamplingSettings | None]]],
+        shape: tuple[int, ...] | torch.Size,
+    ) -> RowSampling | None:
+        """For each row's output spans [start, end) of target positions with their settings,
+        in a batch of `shape` (B, T); None when every span is neutral (the batch keeps the
+        plain path)."""
+        hot = [
+            (i, start, end, s)
+            for i, row in enumerate(spans)
+            for start, end, s in row
+            if s is not None and not s.neutral
+        ]
+        if not hot:
             return None
-        return cls(
-            torch.tensor([s.temperature for s in rows], dtype=torch.float32),
-            torch.tensor([max(s.top_k, 0) for s in rows], dtype=torch.long),
-            torch.tensor([s.top_p for s in rows], dtype=torch.float32),
-            torch.tensor([s.min_p for s in rows], dtype=torch.float32),
-            mask.bool() & needs.unsqueeze(1),
-        )
+        temperature = torch.ones(shape, dtype=torch.float32)
+        top_k = torch.zeros(shape, dtype=torch.long)
+        top_p = torch.ones(shape, dtype=torch.float32)
+        min_p = torch.zeros(shape, dtype=torch.float32)
+        positions = torch.zeros(shape, dtype=torch.bool)
+        for i, start, end, s in hot:
+            temperature[i, start:end] = s.temperature
+            top_k[i, start:end] = max(s.top_k, 0)
+            top_p[i, start:end] = s.top_p
+            min_p[i, start:end] = s.min_p
+            positions[i, start:end] = True
+        return cls(temperature, top_k, top_p, min_p, positions)
 
     def to(self, device: torch.device) -> RowSampling:
         return RowSampling(*(t.to(device, non_blocking=True) for t in self._tensors()))
@@ -163,9 +178,9 @@ def processed_token_logprobs(
     values = processed_logprobs(
         logits[rows, cols],
         tokens[rows, cols],
-        sampling.temperature[rows],
-        sampling.top_k[rows],
-        sampling.top_p[rows],
-        sampling.min_p[rows],
+        sampling.temperature[rows, cols],
+        sampling.top_k[rows, cols],
+        sampling.top_p[rows, cols],
+        sampling.min_p[rows, cols],
     )
     return plain.index_put((rows, cols), values.to(plain.dtype))

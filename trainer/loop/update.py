@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -14,7 +14,7 @@ from .device import autocast, check_placement
 from .distributed import is_distributed_model
 from .loss import METRICS, decoupled_ppo_loss, token_entropy_sum, token_logprobs
 from .microbatch import empty_batch, pack_microbatches, to_device
-from .samples import Batch, Sample, collate
+from .samples import Batch, Sample, collate, sequence_rows
 from .scoring import forget_logits, last_logits, scoring_mode
 from .snapshot import TrainingSnapshot
 
@@ -51,8 +51,6 @@ class Plan:
 
     microbatches: list[list[Batch]]  # [minibatch][micro-batch]; equal counts on every rank
     tokens: list[float]  # output tokens of the whole minibatch over all ranks: the loss normaliser
-    # [minibatch][micro-batch]: each row's generating version (empty for padding micro-batches)
-    versions: list[list[list[int]]] = field(default_factory=list)
 
 
 def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -65,11 +63,13 @@ def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 def plan_update(
     samples: list[Sample], config: TrainerConfig, pad_id: int, device: torch.device
 ) -> Plan:
-    """Minibatches as before (disjoint slices, one optimizer step each); each rank takes every
-    world-th sample of a minibatch and packs its share into micro-batches within the budget."""
+    """Minibatches (disjoint slices of the rows, one optimizer step each); each rank takes every
+    world-th row of a minibatch and packs its share into micro-batches within the budget. A row
+    is a sample, or a training sequence's samples (`sequence_rows`), never split."""
     world, rank = collectives.world_size(), collectives.rank()
-    minibatches = [samples[i :: config.minibatches] for i in range(config.minibatches)]
-    shares = [m[rank::world] for m in minibatches if m]
+    rows = sequence_rows(samples)
+    minibatches = [rows[i :: config.minibatches] for i in range(config.minibatches)]
+    shares = [[s for row in m[rank::world] for s in row] for m in minibatches if m]
     packed = [pack_microbatches(share, config.max_tokens_per_microbatch) for share in shares]
     counts = collectives.all_reduce(torch.tensor([len(p) for p in packed], device=device), "max")
     tokens = collectives.all_reduce(
@@ -80,12 +80,7 @@ def plan_update(
         + [empty_batch(pad_id, device) for _ in range(int(count) - len(groups))]
         for groups, count in zip(packed, counts.tolist(), strict=True)
     ]
-    versions = [
-        [[s.version for s in group] for group in groups]
-        + [[] for _ in range(int(count) - len(groups))]
-        for groups, count in zip(packed, counts.tolist(), strict=True)
-    ]
-    return Plan(microbatches, [max(float(t), 1.0) for t in tokens.tolist()], versions)
+    return Plan(microbatches, [max(float(t), 1.0) for t in tokens.tolist()])
 
 
 def policy_update(
@@ -125,7 +120,8 @@ def policy_update(
     failure = None
     scoring_mode(model)  # dropout off, the LM head in fp32 (idempotent)
     # Several steps: one of them may go non-finite after others were taken; keep what to restore.
-    planned_steps = min(config.minibatches, len(samples)) * config.epochs  # empty slices: none
+    rows = len(sequence_rows(samples))
+    planned_steps = min(config.minibatches, rows) * config.epochs  # empty slices: none
     snapshot = TrainingSnapshot(model, optimizer) if planned_steps > 1 else None
     if current_version is None:
         current_version = max((s.version for s in samples), default=0)
@@ -194,9 +190,7 @@ def _optimise(
                 first = epoch == 0 and i == 0
                 prox = logp.detach() if first else proximal[i - first_fresh][j]
                 if epoch == 0:  # prox is the same every pass: measure it once
-                    _first_pass_sums(
-                        extra, model, batch, prox, plan.versions[i][j], current_version
-                    )
+                    _first_pass_sums(extra, model, batch, prox, current_version)
                 loss, metrics = decoupled_ppo_loss(
                     logp,
                     prox,
@@ -267,25 +261,25 @@ def _first_pass_sums(
     model: torch.nn.Module,
     batch: Batch,
     prox: torch.Tensor,
-    versions: list[int],
     current_version: int,
 ) -> None:
     """Add one micro-batch's entropy (of the logits just computed) and its KL(behave || prox)
-    split by the rows' generating version to `extra`."""
+    split by each token's generating version to `extra`."""
     logits = last_logits(model)
     if logits is not None:
         extra["entropy"] += token_entropy_sum(logits[:, :-1], batch.mask)
     forget_logits(model)
-    if not versions:
+    if batch.versions is None:
         return
     with torch.no_grad():
         mask = batch.mask.to(torch.float64)
-        kl_rows = ((batch.behave.double() - prox.double()) * mask).sum(dim=-1).tolist()
-        token_rows = mask.sum(dim=-1).tolist()
-    for version, kl, n in zip(versions, kl_rows, token_rows, strict=True):
-        kind = "mismatch" if version == current_version else "staleness"
-        extra[f"kl_{kind}"] += kl
-        extra["fresh_tokens" if kind == "mismatch" else "stale_tokens"] += n
+        kl = (batch.behave.double() - prox.double()) * mask
+        fresh = (batch.versions == current_version).to(torch.float64) * mask
+        stale = mask - fresh
+        extra["kl_mismatch"] += float((kl * fresh).sum())
+        extra["kl_staleness"] += float((kl * stale).sum())
+        extra["fresh_tokens"] += float(fresh.sum())
+        extra["stale_tokens"] += float(stale.sum())
 
 
 def steps_done(optimizer: torch.optim.Optimizer) -> int:
