@@ -3,8 +3,8 @@
 vLLM (0.32, started by rlgw/backend_launcher.py with `--generation-config vllm`, so a field the
 request omits takes vLLM's neutral default, never the model's generation_config.json) turns a chat
 or text completion body into SamplingParams with the defaults below. What it applies besides
-temperature, top-k, top-p and min-p changes the distribution in ways the trainer does not
-reproduce; `sampling_problems` names each (rlgw/eligibility.py makes them reasons). The order
+temperature, top-k, top-p, min-p and min_tokens (the stop tokens masked until then) changes the
+distribution in ways the trainer does not reproduce; `sampling_problems` names each (rlgw/eligibility.py makes them reasons). The order
 vLLM applies them in, and what the trainer reproduces: docs/training.md, "Behaviour log-probs and
 sampling settings".
 """
@@ -84,6 +84,8 @@ def effective_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         out["temperature"] = MIN_TEMPERATURE  # what vLLM samples at
     min_tokens = body.get("min_tokens")
     out["min_tokens"] = 0 if min_tokens is None else min_tokens
+    stop_ids = body.get("stop_token_ids")
+    out["stop_token_ids"] = list(stop_ids) if isinstance(stop_ids, list) else []
     out["seed"] = body.get("seed")
     n = body.get("n")
     out["n"] = 1 if n is None else n
@@ -121,10 +123,13 @@ def sampling_problems(sampling: Mapping[str, Any] | None) -> list[str]:
             problems.append(
                 f"sampled with {name} {sampling[name]}: the trainer cannot reproduce it"
             )
-    if sampling.get("min_tokens"):
+    min_tokens = sampling.get("min_tokens") or 0
+    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool):
+        problems.append(f"min_tokens {min_tokens!r} is not an integer")
+    elif min_tokens and "stop_token_ids" not in sampling:
         problems.append(
-            f"sampled with min_tokens {sampling['min_tokens']} (stop tokens masked until then): "
-            "the trainer does not apply that mask"
+            f"sampled with min_tokens {min_tokens} before the request's stop_token_ids were "
+            "recorded: the trainer cannot rebuild the stop-token mask"
         )
     flags = {
         "logit_bias": "a logit_bias",

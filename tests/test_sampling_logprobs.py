@@ -16,6 +16,7 @@ import torch
 from trainer.config import TrainerConfig
 from trainer.loop.records import trajectory_from_export
 from trainer.loop.samples import build_samples, collate
+from trainer.loop.sampling_processing import eos_ids
 from trainer.loop.update import batch_logprobs
 from trainer.models.weights import load_reference_model
 
@@ -63,13 +64,16 @@ def _sample_in_a_session(gw, http, admin_http, **settings):
     return record, trajectory
 
 
-def _trainer_logprobs(trajectory: dict, model) -> tuple[torch.Tensor, torch.Tensor, object]:
-    """The trainer's log-probs of the trajectory's one completion, and the recorded ones."""
+def _trainer_logprobs(
+    trajectory: dict, model, stop_ids: tuple[int, ...] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, object]:
+    """The trainer's log-probs of the trajectory's one completion, and the recorded ones.
+    `stop_ids`: the EOS ids min_tokens masks (default: the model's, as the trainer takes them)."""
     samples, skips = build_samples(
         [trajectory_from_export(trajectory)], current_version=0, config=TrainerConfig()
     )
     assert not skips and len(samples) == 1
-    batch = collate(samples, pad_id=0)
+    batch = collate(samples, pad_id=0, stop_ids=eos_ids(model) if stop_ids is None else stop_ids)
     with torch.no_grad():
         ours = batch_logprobs(model, batch)
     mask = batch.mask.bool()
@@ -82,8 +86,9 @@ def _trainer_logprobs(trajectory: dict, model) -> tuple[torch.Tensor, torch.Tens
         {"temperature": 0.3, "top_p": 0.9},
         {"temperature": 1.0},
         {"temperature": 0.7, "extra_body": {"top_k": 20, "min_p": 0.05}},
+        {"temperature": 1.0, "extra_body": {"min_tokens": 24, "stop_token_ids": [65]}},
     ],
-    ids=["t0.3-top_p0.9", "t1", "t0.7-top_k20-min_p0.05"],
+    ids=["t0.3-top_p0.9", "t1", "t0.7-top_k20-min_p0.05", "t1-min_tokens24"],
 )
 def test_the_trainer_reproduces_the_recorded_logprobs(
     gw, http, admin_http, serving_model, settings
@@ -105,7 +110,14 @@ def test_the_trainer_reproduces_the_recorded_logprobs(
     assert error < TOLERANCE, error
     weights = torch.exp(ours - recorded)  # pi_prox / pi_behave with fresh data
     assert (weights - 1).abs().max().item() < TOLERANCE
-    if settings.get("temperature") == 1.0:
+    if "min_tokens" in expected:
+        # the stop-token mask matters: without the model's EOS ids the first 24 are off
+        unmasked, _, _ = _trainer_logprobs(trajectory, serving_model, stop_ids=())
+        gap = (unmasked - recorded)[:24].abs().max().item()
+        print(f"[sampling] min_tokens: without the EOS mask, max error {gap:.2e}")
+        assert gap > 10 * TOLERANCE
+        assert (unmasked - recorded)[24:].abs().max().item() < TOLERANCE
+    elif settings.get("temperature") == 1.0:
         assert batch.sampling is None  # the plain path
     else:
         # the processing matters here: the temperature-1 log-probs are far from the recorded

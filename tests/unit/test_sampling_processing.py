@@ -20,16 +20,17 @@ VOCAB = 64
 TOL = 1e-5  # float32 against float64 over 64 logits
 
 
-def reference(logits, token, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-    """vLLM's order written out in float64, one token at a time: temperature, min-p, top-k,
-    top-p, the sampled token kept; the log-prob over the kept tokens."""
-    x = [float(v) / temperature for v in logits]
-    keep = [True] * len(x)
+def reference(logits, token, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, stops=()):
+    """vLLM's order written out in float64, one token at a time: the stop tokens min_tokens
+    masks (-inf), temperature, min-p, top-k, top-p, the sampled token kept; the log-prob over
+    the kept tokens."""
+    x = [-math.inf if i in stops else float(v) / temperature for i, v in enumerate(logits)]
+    keep = [i not in stops for i in range(len(x))]
     if min_p > 0:
         top = max(x)
         z = sum(math.exp(v - top) for v in x)
         probs = [math.exp(v - top) / z for v in x]
-        keep = [probs[i] >= min_p * max(probs) for i in range(len(x))]
+        keep = [kept and probs[i] >= min_p * max(probs) for i, kept in enumerate(keep)]
     if 0 < top_k < len(x):
         kth = sorted((v for v, kept in zip(x, keep, strict=True) if kept), reverse=True)
         kth = kth[top_k - 1] if len(kth) >= top_k else -math.inf
@@ -177,3 +178,22 @@ def test_vllm_installed_masks_agree_with_ours():
     expected = torch.log_softmax(theirs, dim=-1).gather(1, best[:, None])[:, 0]
     ours = _ours(logits, best, temperature=0.8, top_k=12, top_p=0.85)
     assert np.allclose(ours.numpy(), expected.numpy(), atol=1e-6)
+
+
+def test_min_tokens_masks_the_stop_tokens_of_the_first_outputs_only():
+    """A completion sampled with min_tokens 2 and stop_token_ids [5]: its first two outputs
+    are scored with the model's EOS (3) and 5 at -inf, the rest without; with top-p too."""
+    hot = SamplingSettings(temperature=0.7, top_p=0.9, min_tokens=2, stop_token_ids=(5,))
+    batch = collate([_sample([1, 2], [8, 9, 10, 11], hot)], 0, stop_ids=(3,))
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(1, 5, VOCAB, generator=g) * 2.0
+    logits[0, :, 3] += 8.0  # a dominant EOS: masking it moves every other log-prob a lot
+    ours = token_logprobs(logits, batch.targets, batch.sampling)
+    for t in range(1, 5):  # output targets (prompt length 2: indices 1..4)
+        stops = (3, 5) if t < 3 else ()
+        row = logits[0, t].double().tolist()
+        token = int(batch.targets[0, t])
+        expected = reference(row, token, temperature=0.7, top_p=0.9, stops=stops)
+        assert abs(float(ours[0, t]) - expected) < TOL
+        unmasked = reference(row, token, temperature=0.7, top_p=0.9)
+        assert (abs(expected - unmasked) > 0.1) == (t < 3)

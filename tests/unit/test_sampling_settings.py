@@ -44,6 +44,16 @@ def test_temperature_top_p_top_k_min_p_stay_eligible():
     assert ineligible_reasons(**GOOD, sampling=s) == []
 
 
+def test_min_tokens_stays_eligible_with_the_stop_ids_it_masked_recorded():
+    s = effective_sampling({"min_tokens": 4, "stop_token_ids": [7, 9]})
+    assert s["min_tokens"] == 4 and s["stop_token_ids"] == [7, 9]
+    assert ineligible_reasons(**GOOD, sampling=s) == []
+    assert effective_sampling({})["stop_token_ids"] == []
+    unrecorded = {k: v for k, v in s.items() if k != "stop_token_ids"}  # an older record
+    (problem,) = sampling_problems(unrecorded)
+    assert "cannot rebuild the stop-token mask" in problem
+
+
 @pytest.mark.parametrize(
     ("body", "words"),
     [
@@ -51,7 +61,7 @@ def test_temperature_top_p_top_k_min_p_stay_eligible():
         ({"presence_penalty": 0.5}, "sampled with presence_penalty 0.5"),
         ({"frequency_penalty": -0.2}, "sampled with frequency_penalty -0.2"),
         ({"repetition_penalty": 1.1}, "sampled with repetition_penalty 1.1"),
-        ({"min_tokens": 4}, "sampled with min_tokens 4"),
+        ({"min_tokens": "4"}, "min_tokens '4' is not an integer"),
         ({"logit_bias": {"5": 3}}, "sampled with a logit_bias"),
         ({"bad_words": ["x"]}, "sampled with bad_words"),
         ({"allowed_token_ids": [1, 2]}, "sampled with allowed_token_ids"),

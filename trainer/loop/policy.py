@@ -41,6 +41,7 @@ from .distributed import (
 )
 from .optimizer_state import NAME, load_state, restore_optimizer, save_optimizer, save_state
 from .samples import Sample
+from .sampling_processing import eos_ids
 from .update import policy_update
 
 
@@ -73,6 +74,7 @@ class Policy:
         self.optimizer = self._new_optimizer()
         config_of = reference.config
         self.pad_id = int(config_of.pad_token_id or config_of.eos_token_id or 0)
+        self.stop_ids = eos_ids(reference)  # what min_tokens masked (with a request's own)
 
     @classmethod
     def for_rank(cls, reference: torch.nn.Module | None, base_path: str | None, config, dist):
@@ -98,7 +100,8 @@ class Policy:
             self.pad_id,
             scheduled=True,
             current_version=version,
-            loss_hook=test_hooks.nan_loss,  # a no-op unless a test sets RLGW_TEST_NAN_LOSS_STEP
+            loss_hook=test_hooks.nan_loss,
+            stop_ids=self.stop_ids,  # a no-op unless a test sets RLGW_TEST_NAN_LOSS_STEP
         )
 
     def weights(self) -> dict[str, torch.Tensor]:

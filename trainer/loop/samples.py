@@ -153,7 +153,9 @@ class Batch:
     versions: torch.Tensor | None = None
 
 
-def collate(samples: list[Sample], pad_id: int) -> Batch:
+def collate(samples: list[Sample], pad_id: int, stop_ids: tuple[int, ...] = ()) -> Batch:
+    """The samples' rows padded into one batch. `stop_ids`: the model's end-of-sequence ids,
+    which a completion sampled with min_tokens could not produce before it had that many."""
     rows = sequence_rows(samples)
     tokens = [row_tokens(row) for row in rows]
     length = max(len(t) for t in tokens)
@@ -177,5 +179,5 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
             advantages[i, p - 1 : p + o - 1] = s.advantage
             versions[i, p - 1 : p + o - 1] = s.version
             spans[i].append((p - 1, p + o - 1, s.sampling))
-    sampling = RowSampling.of(spans, mask.shape)
+    sampling = RowSampling.of(spans, mask.shape, stop_ids)
     return Batch(inputs, attention, inputs[:, 1:], mask, behave, advantages, sampling, versions)

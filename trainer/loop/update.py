@@ -61,7 +61,11 @@ def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def plan_update(
-    samples: list[Sample], config: TrainerConfig, pad_id: int, device: torch.device
+    samples: list[Sample],
+    config: TrainerConfig,
+    pad_id: int,
+    device: torch.device,
+    stop_ids: tuple[int, ...] = (),
 ) -> Plan:
     """Minibatches (disjoint slices of the rows, one optimizer step each); each rank takes every
     world-th row of a minibatch and packs its share into micro-batches within the budget. A row
@@ -76,7 +80,7 @@ def plan_update(
         torch.tensor([sum(len(s.output_ids) for s in share) for share in shares], device=device)
     )
     microbatches = [
-        [to_device(collate(group, pad_id), device) for group in groups]
+        [to_device(collate(group, pad_id, stop_ids), device) for group in groups]
         + [empty_batch(pad_id, device) for _ in range(int(count) - len(groups))]
         for groups, count in zip(packed, counts.tolist(), strict=True)
     ]
@@ -93,6 +97,7 @@ def policy_update(
     scheduled: bool = False,
     current_version: int | None = None,
     loss_hook: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    stop_ids: tuple[int, ...] = (),
 ) -> dict[str, float]:
     """Optimise on `samples`; returns token-weighted metrics over the minibatches (all ranks).
     `scheduled`: each step's learning rate is the optimizer's initial one times the config's
@@ -101,6 +106,8 @@ def policy_update(
     into staleness and mismatch (None: the newest version among the samples). `loss_hook(loss,
     step)`: what each micro-batch's loss becomes (the trainer passes `rlgw.test_hooks.nan_loss`,
     a no-op unless a test sets it; not imported here: the update path imports with torch alone).
+    `stop_ids`: the model's end-of-sequence ids (`eos_ids`), masked with each request's own
+    stop_token_ids where a completion was sampled with min_tokens.
 
     A NaN or infinite loss or gradient norm before any step raises NonFiniteUpdate, with the
     weights and the optimizer state as they were (restored when earlier steps were taken).
@@ -127,7 +134,7 @@ def policy_update(
         current_version = max((s.version for s in samples), default=0)
     model.train()  # gradient checkpointing in transformers needs it; dropout is off
     try:
-        plan = plan_update(samples, config, pad_id, device)
+        plan = plan_update(samples, config, pad_id, device, stop_ids)
         metrics = _optimise(
             model, optimizer, plan, config, device, steps, scheduled, current_version, loss_hook
         )
