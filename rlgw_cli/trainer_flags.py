@@ -26,6 +26,8 @@ HELP = {
     "Qwen2 and Llama)",
     "gradient_checkpointing": "recompute activations in the backward pass: less memory, ~30%% "
     "more compute",
+    "join_turns": "a session's turns as one sequence while each extends the last (default on); "
+    "--no-join-turns: one sample per turn (docs/training.md)",
 }
 
 
@@ -49,8 +51,10 @@ def add_trainer_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (
         flag = _flag(field.name)
         help_text = HELP.get(field.name, f"TrainerConfig.{field.name} (see trainer/config.py)")
         kind = str(field.type)  # the annotation as written (the module has lazy annotations)
-        if kind == "bool":
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        if kind == "bool":  # --x and --no-x: a field that defaults to True can be turned off
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         elif kind.startswith("tuple[str"):  # a comma-separated list
             parser.add_argument(flag, default=None, metavar="NAMES", help=help_text)
         elif kind.startswith("tuple[float"):
@@ -108,10 +112,10 @@ def trainer_argv(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[s
         value = getattr(args, field.name, None)
         if field.name in skip or value is None:
             continue
-        if value is True:
-            argv.append(_flag(field.name))
+        if isinstance(value, bool):  # --x, or --no-x (given: it overrides the file)
+            argv.append(_flag(field.name) if value else "--no-" + _flag(field.name)[2:])
         elif isinstance(value, list | tuple):
             argv += [_flag(field.name), *map(str, value)]
-        elif value is not False:
+        else:
             argv += [_flag(field.name), str(value)]
     return argv

@@ -97,3 +97,13 @@ def test_the_objectives_options_are_flags_with_their_choices(tmp_path) -> None:
     )
     with pytest.raises(SystemExit):  # argparse names the choices
         parse(["--baseline", "mean"])
+
+
+def test_a_field_that_defaults_to_true_can_be_turned_off_and_the_child_gets_the_same() -> None:
+    assert TrainerConfig().join_turns
+    off = parse(["--no-join-turns"])
+    assert TrainerConfig(**trainer_overrides(off)).join_turns is False
+    assert "--no-join-turns" in trainer_argv(off)
+    again = parse(trainer_argv(off))  # what `rlgw up` hands its `rlgw train`
+    assert TrainerConfig(**trainer_overrides(again)).join_turns is False
+    assert "join_turns" not in trainer_overrides(parse([]))  # not given: the file or the default
