@@ -4,9 +4,9 @@ vLLM (0.32, started by rlgw/backend_launcher.py with `--generation-config vllm`,
 request omits takes vLLM's neutral default, never the model's generation_config.json) turns a chat
 or text completion body into SamplingParams with the defaults below. What it applies besides
 temperature, top-k, top-p, min-p and min_tokens (the stop tokens masked until then) changes the
-distribution in ways the trainer does not reproduce; `sampling_problems` names each (rlgw/eligibility.py makes them reasons). The order
-vLLM applies them in, and what the trainer reproduces: docs/training.md, "Behaviour log-probs and
-sampling settings".
+distribution in ways the trainer does not reproduce; `sampling_problems` names each
+(rlgw/eligibility.py makes them reasons). The order vLLM applies them in, and what the trainer
+reproduces: docs/training.md, "Behaviour log-probs and sampling settings".
 """
 
 from __future__ import annotations
