@@ -5,6 +5,7 @@ Each served case starts one vLLM server (~30 s, ~3 GB) and stops it before the n
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,22 @@ def test_qwen3_has_query_and_key_norms(tmp_path: Path) -> None:
     assert "model.layers.0.self_attn.k_norm.weight" in names
 
 
+def test_qwen3_drops_the_reasoning_of_earlier_answers_only(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(create_model(tmp_path / "q3", "tiny", family="qwen3"))
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": "<think>so</think>\nyes"},
+        {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": "<think>hm</think>because"},
+    ]
+    rendered = tokenizer.apply_chat_template(history, tokenize=False)
+    assert "<|im_start|>assistant\nyes<|im_end|>" in rendered  # before the last user turn
+    assert "<think>so</think>" not in rendered
+    assert "<|im_start|>assistant\n<think>hm</think>because<|im_end|>" in rendered
+
+
 def test_the_default_is_the_byte_level_qwen2_model(tmp_path: Path) -> None:
     default = create_model(tmp_path / "default", "tiny", seed=2)
     explicit = create_model(tmp_path / "explicit", "tiny", seed=2, family="qwen2", tokenizer="byte")
@@ -176,6 +193,74 @@ def test_bad_options_are_refused(tmp_path: Path, options: dict, says: str) -> No
         create_model(tmp_path / "m", "tiny", **options)
 
 
+@contextlib.contextmanager
+def gateway_on(model_dir: Path, served: str, make_database, home: Path) -> Iterator[tuple]:
+    """A gateway on a new database routing this case's model to its server: (its URL, the
+    database engine, the gateway's settings)."""
+    from gateway.main import create_app
+    from migrations.runner import upgrade
+    from rlgw.db.engine import make_sync_engine, sync_session_factory
+    from rlgw.registry import register_backend
+
+    from conftest import LiveServer, gateway_settings
+
+    db_url = make_database()
+    upgrade(db_url)
+    engine = make_sync_engine(db_url)
+    register_backend(
+        sync_session_factory(engine), model_dir.name, served, model_path=str(model_dir)
+    )
+    settings = gateway_settings(db_url).model_copy(update={"home": home})
+    try:
+        with LiveServer(create_app(settings), free_port()) as gateway:
+            yield gateway.url, engine, settings
+    finally:
+        engine.dispose()
+
+
+def test_a_template_that_drops_earlier_reasoning_cuts_the_sessions_sequence_there(
+    model_dir: Path, served: str, make_database, tmp_path: Path
+) -> None:
+    """Qwen3's template keeps only the answer after `</think>` of an earlier turn: the next
+    turn's recorded prompt departs from the recorded output inside it, so the training view
+    starts a new sequence there, cut `output_retokenized`; the turn before stays whole."""
+    import openai
+
+    if model_dir.name != "qwen3":
+        pytest.skip("only Qwen3's template drops earlier reasoning")
+    with gateway_on(model_dir, served, make_database, tmp_path) as (url, _, _):
+        http = httpx.Client(base_url=url, timeout=300)
+        session = http.post("/v1/sessions", json={}).json()
+        client = openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+        messages = [*MESSAGES]
+        first = client.chat.completions.create(
+            model=model_dir.name,
+            messages=messages,
+            max_tokens=48,
+            extra_body={"structured_outputs": {"regex": "<think>[a-z]{2,4}</think>[a-z]{2,4}"}},
+        )
+        answer = first.choices[0].message.content
+        assert answer.startswith("<think>") and "</think>" in answer, answer
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Go on"}]
+        second = client.chat.completions.create(
+            model=model_dir.name, messages=messages, max_tokens=4
+        )
+        assert http.post(f"/v1/sessions/{session['id']}/rewards", json={"value": 1.0}).is_success
+        view = http.get(
+            f"/v1/sessions/{session['id']}/trajectory", params={"view": "training"}
+        ).json()
+    sequences = view["sequences"]
+    assert [[t["completion_id"] for t in s["turns"]] for s in sequences] == [
+        [first.id],
+        [second.id],
+    ]
+    (cut,) = sequences[1]["cuts"]
+    assert (cut["at"], cut["reason"]) == (second.id, "output_retokenized")
+    assert f"inside {first.id}'s output" in cut["detail"]
+    # the structured (grammar-constrained) turn is context; the free one carries the loss
+    assert sum(sequences[0]["loss_mask"]) == 0 and sum(sequences[1]["loss_mask"]) > 0
+
+
 def test_record_reward_train_and_a_verified_swap(
     model_dir: Path, served: str, make_database, tmp_path: Path
 ) -> None:
@@ -184,24 +269,13 @@ def test_record_reward_train_and_a_verified_swap(
     the module: the swap changes what this case's server serves.)"""
     import openai
 
-    from gateway.main import create_app
-    from migrations.runner import upgrade
-    from rlgw.db.engine import make_sync_engine, sync_session_factory
-    from rlgw.registry import register_backend
     from trainer.config import TrainerConfig
     from trainer.loop.service import OnlineTrainer
 
-    from conftest import ADMIN_KEY, LiveServer, gateway_settings
+    from conftest import ADMIN_KEY
 
-    db_url = make_database()
-    upgrade(db_url)
-    engine = make_sync_engine(db_url)
-    register_backend(
-        sync_session_factory(engine), model_dir.name, served, model_path=str(model_dir)
-    )
-    settings = gateway_settings(db_url).model_copy(update={"home": tmp_path})
-    with LiveServer(create_app(settings), free_port()) as gateway:
-        http = httpx.Client(base_url=gateway.url, timeout=300)
+    with gateway_on(model_dir, served, make_database, tmp_path) as (url, engine, settings):
+        http = httpx.Client(base_url=url, timeout=300)
         for reward in (1.0, 0.0, 0.5):
             session = http.post("/v1/sessions", json={}).json()
             client = openai.OpenAI(base_url=session["base_url"], api_key="unused")
@@ -218,8 +292,7 @@ def test_record_reward_train_and_a_verified_swap(
         with httpx.Client(timeout=300) as probe:
             after = served_scores(probe, served, model_dir.name)
         assert after.max_abs_diff(reference_scores(trainer.model)) < 1e-4
-        reply = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused").chat.completions
+        reply = openai.OpenAI(base_url=f"{url}/v1", api_key="unused").chat.completions
         completion = reply.create(model=model_dir.name, messages=MESSAGES, max_tokens=4)
-        admin = httpx.Client(base_url=gateway.url, headers={"X-Admin-Key": ADMIN_KEY})
+        admin = httpx.Client(base_url=url, headers={"X-Admin-Key": ADMIN_KEY})
         assert admin.get(f"/admin/completions/{completion.id}").json()["policy_version"] == 1
-    engine.dispose()

@@ -1,7 +1,8 @@
 """Model families vLLM and transformers share: Qwen2, Qwen3 (q/k norms) and Llama, built locally.
 
 Each family names its transformers config and model classes, its special tokens and a chat
-template in its own style (ChatML for Qwen, Llama 3's header tokens for Llama). The shapes come
+template in its own style (ChatML for Qwen; Qwen3's drops the reasoning of earlier answers from the
+history, as the released Qwen3 template does; Llama 3's header tokens for Llama). The shapes come
 from the byte model's presets; head_dim is hidden / heads (every preset's is one the vLLM CPU
 attention kernel accepts). The byte-level Qwen2 model of `create_model`'s default
 path is not built here: it stays exactly as it was.
@@ -12,6 +13,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .byte_model import CHAT_TEMPLATE, INIT_STD, ModelShape, reinitialise
+
+# Qwen3 style: ChatML, and an assistant answer before the last user message keeps only what follows
+# its reasoning (`<think>...</think>`), as the released Qwen3 template renders the history. So a
+# turn's prompt does not extend the previous turn's output when that output reasoned: the trainer
+# cuts the session's sequence there (rlgw/sequences.py, `output_retokenized`).
+_LAST_USER = (
+    "{%- set ns = namespace(last_user=-1) -%}\n"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}\n"
+)
+_CHATML_OTHER = r"""    {%- else -%}
+        {{- '<|im_start|>' + message.role + '\n' + text(message.content) + '<|im_end|>\n' -}}
+    {%- endif -%}"""
+_QWEN3_ASSISTANT = r"""    {%- elif message.role == 'assistant' -%}
+        {%- set content = text(message.content) -%}
+        {%- if loop.index0 < ns.last_user and '</think>' in content -%}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') -%}
+        {%- endif -%}
+        {{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' -}}
+"""
+assert _CHATML_OTHER in CHAT_TEMPLATE
+QWEN3_CHAT_TEMPLATE = _LAST_USER + CHAT_TEMPLATE.replace(
+    _CHATML_OTHER, _QWEN3_ASSISTANT + _CHATML_OTHER
+)
 
 LLAMA3_SPECIALS = (
     "<|begin_of_text|>",
@@ -96,7 +121,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family(
         "qwen3", "Qwen3ForCausalLM", "qwen",
         ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>", "<|endoftext|>",
-        CHAT_TEMPLATE, True, True,
+        QWEN3_CHAT_TEMPLATE, True, True,
     ),
     "llama": Family(
         "llama", "LlamaForCausalLM", "llama3",
