@@ -37,6 +37,7 @@ from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
+from rlgw.version_lineage import head_version, lineage
 
 from ..backends.parity import reference_scores
 from ..config import TrainerConfig
@@ -45,7 +46,7 @@ from ..gate.governor import Governor
 from ..models.lora import with_adapter
 from ..models.weights import state_dict
 from ..publishing.publish import Publisher, swap_metrics
-from ..publishing.versions import head_version, lineage, materialize, settle_mode
+from ..publishing.versions import materialize, settle_mode
 from ..swap.coordinator import SwapReport
 from ..swap.hold import GenerationHold, NoHold
 from . import collectives
