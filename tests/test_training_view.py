@@ -328,6 +328,21 @@ def test_each_models_sequences_hold_only_its_own_turns(engine):
     assert by_model[planner].versions[len(plan_prompt)] == 3
 
 
+def test_a_model_that_is_not_registered_is_viewed_at_version_0_with_the_defaults(engine):
+    unregistered = new_id("gone")  # e.g. a model removed since its sessions were recorded
+    with Session(engine) as db, db.begin():
+        sid = new_session(db)
+        first = completion(db, sid, unregistered, P1, O1)
+        later = completion(db, sid, unregistered, P2, O2, version=2)
+        reward(db, sid, 1.0)
+    view = view_of(engine, sid)
+    (m,) = view.models
+    assert (m.model, m.current_version, m.limits_source) == (unregistered, 0, "default")
+    (seq,) = view.sequences
+    assert [(t.completion_id, t.trained) for t in seq.turns] == [(first, True), (later, False)]
+    assert "not an ancestor of version 0" in seq.turns[1].reason  # no version 2 on record
+
+
 @pytest.mark.parametrize("status", ["open", "closed", "claimed", "consumed"])
 def test_the_view_is_served_in_every_session_status(engine, status):
     with Session(engine) as db, db.begin():
