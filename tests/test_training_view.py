@@ -504,7 +504,7 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_export_writes_one_training_view_per_session(engine, db_url, tmp_path, monkeypatch):
+def test_export_writes_one_training_view_per_session(engine, db_url, tmp_path, monkeypatch, capsys):
     with Session(engine) as db, db.begin():
         model = register(db)
         sids = [three_turns(db, model)[0] for _ in range(2)]
@@ -542,3 +542,6 @@ def test_export_writes_one_training_view_per_session(engine, db_url, tmp_path, m
     assert record.value.code == 0
     (line,) = read_jsonl(cli)
     assert "steps" in line and "sequences" not in line
+    with pytest.raises(SystemExit) as unknown:
+        main(["export", "--session", sids[0], "--view", "samples", "--out", str(cli)])
+    assert unknown.value.code == 2 and "invalid choice: 'samples'" in capsys.readouterr().err
