@@ -1,4 +1,4 @@
-"""`rlgw export`: trajectories as JSON Lines for offline use, one session per line."""
+"""`rlgw export`: trajectories (or their training views) as JSON Lines, one session per line."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from rlgw.db.models import AgentSession
+from rlgw.training_view import TrainingView, load_training_view
 from rlgw.trajectory import Trajectory, load_trajectory
 
 
@@ -42,10 +43,20 @@ def iter_trajectories(db: Session, session_ids: list[str]) -> Iterator[Trajector
             yield trajectory
 
 
-def write_jsonl(db: Session, session_ids: list[str], out: TextIO) -> int:
+def iter_training_views(db: Session, session_ids: list[str]) -> Iterator[TrainingView]:
+    now = datetime.now(UTC)
+    for sid in session_ids:
+        view = load_training_view(db, sid, now)
+        if view is not None:
+            yield view
+
+
+def write_jsonl(db: Session, session_ids: list[str], out: TextIO, view: str = "record") -> int:
+    """One line per session: its trajectory (view `record`) or its training view (`training`)."""
+    rows = iter_training_views if view == "training" else iter_trajectories
     count = 0
-    for trajectory in iter_trajectories(db, session_ids):
-        out.write(trajectory.model_dump_json() + "\n")
+    for row in rows(db, session_ids):
+        out.write(row.model_dump_json() + "\n")
         count += 1
     return count
 
@@ -63,8 +74,10 @@ def export_command(
     group_id: str | None,
     since: str | datetime | None,
     out_path: str | None,
+    view: str = "record",
 ) -> int:
-    """Write the selected sessions; 1 (and a message) when a named session or group has none."""
+    """Write the selected sessions (`view`: record | training); 1 (and a message) when a named
+    session or group has none."""
     from rlgw.db.engine import make_sync_engine, sync_session_factory
 
     engine = make_sync_engine(url)
@@ -77,10 +90,10 @@ def export_command(
                 since=parse_since(since) if isinstance(since, str) else since,
             )
             if out_path in (None, "-"):
-                count = write_jsonl(db, ids, sys.stdout)
+                count = write_jsonl(db, ids, sys.stdout, view)
             else:
                 with open(out_path, "w", encoding="utf-8") as out:
-                    count = write_jsonl(db, ids, out)
+                    count = write_jsonl(db, ids, out, view)
     finally:
         engine.dispose()
     print(f"[rlgw] exported {count} session(s)", file=sys.stderr)

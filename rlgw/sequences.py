@@ -50,6 +50,22 @@ class Limits(Protocol):
     overlong_penalty: float
 
 
+@dataclass(frozen=True)
+class SequenceLimits:
+    """The defaults of the settings that decide a session's sequences: trainer.config.TrainerConfig
+    reads its defaults from DEFAULT_LIMITS, and the gateway's training view uses them for a model
+    whose versions recorded no config (a `Limits`, plus whether turns are joined)."""
+
+    max_staleness: int = 4  # versions a completion may lag behind the current one
+    max_tokens_per_sample: int = 2048  # a longer turn is left out with a reason
+    overlong: str = "keep"  # cut by max_tokens: keep | mask | penalize
+    overlong_penalty: float = 1.0  # with overlong=penalize: subtracted from the advantage
+    join_turns: bool = True  # False: every turn a sequence of its own
+
+
+DEFAULT_LIMITS = SequenceLimits()
+
+
 class StepLike(Protocol):
     completion_id: str
     model: str | None

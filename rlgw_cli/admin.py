@@ -121,6 +121,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         group_id=args.group,
         since=args.since,
         out_path=args.out,
+        view=args.view,
     )
 
 
@@ -162,6 +163,13 @@ def add_commands(add) -> None:
         help="every session created since this ISO 8601 time (UTC when it has no zone)",
     )
     p.add_argument("--out", default="-", help="output file (default: standard output)")
+    p.add_argument(
+        "--view",
+        choices=["record", "training"],
+        default="record",
+        help="record: the trajectories as recorded (default); training: the sequences the "
+        "trainer builds from each session (docs/api.md, the training view)",
+    )
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

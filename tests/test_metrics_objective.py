@@ -1,5 +1,6 @@
 """The objective's gauges in /metrics, read from real Postgres rows: the latest version's policy
-metrics, its skipped fractions by reason kind, and the sessions dropped for non-finite numbers."""
+metrics, its skipped fractions by reason kind and its sequence cuts by reason, and the sessions
+dropped for non-finite numbers."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ def test_the_objectives_gauges_follow_the_latest_version_and_the_dropped_session
     db_url = make_database()
     upgrade(db_url)
     engine = create_engine(db_url)
-    older = {"entropy": 2.0, "kl_staleness": 0.05, "skipped_frac": {"stale": 0.5}}
+    older = {
+        "entropy": 2.0,
+        "kl_staleness": 0.05,
+        "skipped_frac": {"stale": 0.5},
+        "cuts": {"branch": 9, "output_retokenized": 9, "history_edited": 9},
+    }
     latest = {
         "entropy": 1.25,
         "kl_mismatch": 0.002,
@@ -44,6 +50,7 @@ def test_the_objectives_gauges_follow_the_latest_version_and_the_dropped_session
         "imp_token_masked_frac": 0.02,
         "imp_seq_masked_frac": 0.25,
         "skipped_frac": {"overlong": 0.125, "non_finite": 0.25, "Bad Label!": 0.5},
+        "cuts": {"branch": 3, "output_retokenized": 0, "history_edited": 1, "Bad Label!": 2},
     }
     with engine.begin() as conn:
         model_id = conn.execute(
@@ -88,5 +95,9 @@ def test_the_objectives_gauges_follow_the_latest_version_and_the_dropped_session
     assert value("rlgw_last_skipped_fraction", model="m", kind="non_finite") == 0.25
     assert value("rlgw_last_skipped_fraction", model="m", kind="stale") is None  # version 1's
     assert not [k for k in got if k[0] == "rlgw_last_skipped_fraction" and "Bad" in str(k[1])]
+    assert value("rlgw_last_sequence_cuts", model="m", reason="branch") == 3  # the latest's
+    assert value("rlgw_last_sequence_cuts", model="m", reason="output_retokenized") == 0
+    assert value("rlgw_last_sequence_cuts", model="m", reason="history_edited") == 1
+    assert not [k for k in got if k[0] == "rlgw_last_sequence_cuts" and "Bad" in str(k[1])]
     assert value("rlgw_trainer_non_finite_dropped_sessions", what="advantage") == 2
     assert value("rlgw_trainer_non_finite_dropped_sessions", what="update") == 1

@@ -648,6 +648,8 @@ def test_a_zero_variance_group_is_filtered_out_and_the_rest_of_the_batch_trains(
         )
     assert ledgered == set(mixed)
     assert metrics["skipped_frac"] == {"zero_variance": 0.5}
+    # one turn a session: every sequence begins a session, none with a cut (each reason listed)
+    assert metrics["cuts"] == {"branch": 0, "output_retokenized": 0, "history_edited": 0}
     assert metrics["config"]["filter_zero_variance"] is True
 
 

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rlgw.sequences import DEFAULT_LIMITS
+
 # AdamW's peak learning rate when none is set, per mode. Full weights at 1e-5 took the real
 # default model (SmolLM2-135M-Instruct) from 0.20 to 0.67 held-out success in 25 minutes on
 # 2 cores, where the old default (1e-3, chosen for a random 90k-parameter model) wrecked it in two
@@ -42,11 +44,14 @@ class TrainerConfig:
     # sessions claimed per update: whole ready groups while they fit (one larger group alone)
     batch_sessions: int = 32
     min_sessions: int = 1  # an update waits until at least this many are eligible
-    max_staleness: int = 4  # versions a completion may lag behind the current one (AReaL's eta)
-    max_tokens_per_sample: int = 2048  # longer samples are skipped with a reason
+    # The five settings that decide a session's sequences take their defaults from
+    # rlgw/sequences.py (DEFAULT_LIMITS), which the gateway's training view uses too.
+    # versions a completion may lag behind the current one (AReaL's eta)
+    max_staleness: int = DEFAULT_LIMITS.max_staleness
+    max_tokens_per_sample: int = DEFAULT_LIMITS.max_tokens_per_sample  # longer: skipped, a reason
     # a session's turns as one sequence while each extends the last (rlgw/sequences.py);
     # False: every turn a sample of its own, its whole history as its prompt
-    join_turns: bool = True
+    join_turns: bool = DEFAULT_LIMITS.join_turns
     # objective: decoupled PPO (Fu et al. 2025, AReaL, eq. 5)
     clip_eps: float = 0.2  # PPO clip range on pi_theta / pi_prox (Schulman et al. 2017: 0.2)
     clip_eps_high: float | None = None  # upper clip (DAPO's clip-higher); None: clip_eps
@@ -58,8 +63,10 @@ class TrainerConfig:
     # advantages (docs/training.md, "Advantages and baselines")
     baseline: str = "group"  # a group: group (its own normalization) | rloo (leave-one-out)
     singleton_baseline: str = "none"  # no group: none (raw) | task_mean | batch_mean
-    overlong: str = "keep"  # cut by max_tokens: keep | mask (skip) | penalize (DAPO)
-    overlong_penalty: float = 1.0  # with overlong=penalize: subtracted from the advantage
+    # cut by max_tokens: keep | mask (skip) | penalize (DAPO)
+    overlong: str = DEFAULT_LIMITS.overlong
+    # with overlong=penalize: subtracted from the advantage
+    overlong_penalty: float = DEFAULT_LIMITS.overlong_penalty
     filter_zero_variance: bool = False  # drop groups whose members' returns are all equal (DAPO)
     # optimisation
     lr: float | None = None  # AdamW peak learning rate; None: LR_DEFAULTS for the mode

@@ -171,6 +171,26 @@ async def latest_skipped_fractions(conn: AsyncConnection) -> dict[tuple[str, str
     }
 
 
+async def latest_sequence_cuts(conn: AsyncConnection) -> dict[tuple[str, str], float]:
+    """Each model's latest version's `metrics.cuts` ({cut reason: sequences of its update that
+    began with it}, rlgw/sequences.py): (model, reason) -> count. A reason that is not a short
+    lowercase word is left out, as with the skipped fractions."""
+    rows = await conn.execute(
+        text(
+            "SELECT m.name, f.key, f.value FROM models m CROSS JOIN LATERAL ("
+            "  SELECT pv.metrics -> 'cuts' AS cuts FROM policy_versions pv "
+            "  WHERE pv.model_id = m.id AND jsonb_typeof(pv.metrics -> 'cuts') = 'object' "
+            "  ORDER BY pv.version DESC LIMIT 1) v "
+            "CROSS JOIN LATERAL jsonb_each(v.cuts) AS f(key, value)"
+        )
+    )
+    return {
+        (model, reason): number
+        for model, reason, value in rows
+        if SKIP_KIND.fullmatch(reason) and (number := _number(value)) is not None
+    }
+
+
 async def non_finite_drops(conn: AsyncConnection) -> dict[str, int]:
     """Sessions the trainer dropped for a non-finite number, by what was non-finite: `advantage`
     (dropped before an update) or `update` (a NaN or infinite loss or gradient norm: the update

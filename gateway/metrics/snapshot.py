@@ -60,6 +60,7 @@ class Snapshot:
     swaps: dict[tuple[str, str], int]
     latest: dict[tuple[str, str], float]  # (model, metrics field) -> its latest value
     skipped: dict[tuple[str, str], float]  # (model, reason kind) -> share, latest version
+    cuts: dict[tuple[str, str], float]  # (model, cut reason) -> sequences, latest version
     non_finite: dict[str, int]  # what was non-finite -> sessions dropped for it
 
 
@@ -75,6 +76,7 @@ async def read_snapshot(engine: AsyncEngine) -> Snapshot:
             swaps=await queries.recent_swaps(conn),
             latest=await queries.latest_values(conn, [f for f, _, _ in LATEST_FIELDS]),
             skipped=await queries.latest_skipped_fractions(conn),
+            cuts=await queries.latest_sequence_cuts(conn),
             non_finite=await queries.non_finite_drops(conn),
         )
 
@@ -138,6 +140,15 @@ class SnapshotCollector:
         for (model, kind), share in sorted(s.skipped.items()):
             skipped.add_metric((model, kind), share)
         yield skipped
+        cuts = GaugeMetricFamily(
+            "rlgw_last_sequence_cuts",
+            "Sequences of the latest version's update that began with a cut instead of extending "
+            "an earlier turn, by reason (branch, output_retokenized, history_edited)",
+            labels=("model", "reason"),
+        )
+        for (model, reason), count in sorted(s.cuts.items()):
+            cuts.add_metric((model, reason), count)
+        yield cuts
         non_finite = GaugeMetricFamily(
             "rlgw_trainer_non_finite_dropped_sessions",
             "Sessions the trainer dropped for a non-finite advantage, or because their update's "

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, Path, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from rlgw.training_view import TrainingView, load_training_view
 from rlgw.trajectory import RewardOut, Trajectory, load_trajectory
 
 from ..auth import DEFAULT_TOKEN_SCOPES, SCOPES
@@ -90,15 +91,38 @@ async def post_reward(
     return reward
 
 
-@router.get("/{session_id}/trajectory", response_model=Trajectory)
-async def read_trajectory(session_id: SessionId, db: DbDep, caller: CallerDep) -> Trajectory:
+TrajectoryView = Annotated[
+    Literal["record", "training"],
+    Query(
+        description="record: the session as recorded (the default). training: the sequences "
+        "the trainer builds from it (rlgw/training_view.py), in any session status."
+    ),
+]
+
+
+@router.get(
+    "/{session_id}/trajectory",
+    response_model=Trajectory | TrainingView,
+    responses={
+        200: {
+            "description": "view=record: the Trajectory; view=training: the TrainingView (each "
+            "model's sequences, with their loss mask, cuts and turns, and the completions left "
+            "out). docs/api.md describes both."
+        },
+        422: {"model": ErrorResponse, "description": "an unknown view"},
+    },
+)
+async def read_trajectory(
+    session_id: SessionId, db: DbDep, caller: CallerDep, view: TrajectoryView = "record"
+) -> Trajectory | TrainingView:
     caller.require_session(session_id, "read")
     await service.visible_session(db, session_id, caller.tenant)
     now = datetime.now(UTC)
-    trajectory = await db.run_sync(lambda s: load_trajectory(s, session_id, now))
-    if trajectory is None:
+    load = load_training_view if view == "training" else load_trajectory
+    result = await db.run_sync(lambda s: load(s, session_id, now))
+    if result is None:
         raise APIError(404, f"no session {session_id}", code="session_not_found")
-    return trajectory
+    return result
 
 
 Scope = Literal["completions", "read", "close", "rewards"]

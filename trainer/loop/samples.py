@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rlgw.sequences import CUT_REASONS, build_sequences
 from rlgw.sequences import OVERLONG_MASKED as OVERLONG_MASKED  # re-exported
-from rlgw.sequences import build_sequences
 
 from ..config import TrainerConfig
 from .sampling_processing import RowSampling, SamplingSettings
@@ -111,6 +111,38 @@ def build_samples(
                     )
                 )
     return samples, skips
+
+
+def cut_counts(
+    trajectories: list[Trajectory],
+    *,
+    current_version: int,
+    config: TrainerConfig,
+    lineage: Mapping[int, int] | None = None,
+    model: str | None = None,
+    vocab_size: int | None = None,
+    advantages: Mapping[str, float | None] | None = None,
+) -> dict[str, int]:
+    """How many of the sequences `build_samples` builds from `trajectories` (given the same
+    arguments) begin with each cut reason: every reason of rlgw/sequences.py's CUT_REASONS, 0
+    when none (a steady label set for the version's metrics and /metrics)."""
+    counts = dict.fromkeys(CUT_REASONS, 0)
+    for t in trajectories:
+        sequences = build_sequences(
+            t,
+            current_version=current_version,
+            limits=config,
+            lineage=lineage,
+            model=model,
+            vocab_size=vocab_size,
+            advantage=None if advantages is None else advantages.get(t.session_id),
+            use_session_advantage=advantages is not None,
+            join_turns=config.join_turns,
+        )
+        for sequence in sequences:
+            for cut in sequence.cuts:
+                counts[cut.reason] += 1
+    return counts
 
 
 def sequence_rows(samples: list[Sample]) -> list[list[Sample]]:

@@ -37,6 +37,7 @@ from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
+from rlgw.version_lineage import head_version, lineage
 
 from ..backends.parity import reference_scores
 from ..config import TrainerConfig
@@ -45,7 +46,7 @@ from ..gate.governor import Governor
 from ..models.lora import with_adapter
 from ..models.weights import state_dict
 from ..publishing.publish import Publisher, swap_metrics
-from ..publishing.versions import head_version, lineage, materialize, settle_mode
+from ..publishing.versions import materialize, settle_mode
 from ..swap.coordinator import SwapReport
 from ..swap.hold import GenerationHold, NoHold
 from . import collectives
@@ -59,7 +60,7 @@ from .ledger import record_ledger
 from .optimizer_state import state_path
 from .payload import version_payload
 from .policy import Policy
-from .samples import build_samples
+from .samples import build_samples, cut_counts
 from .settle import settle_dropped
 from .task_baseline import task_means
 from .tracking import RunLog, rejected_outputs, skipped_fractions, version_scalars
@@ -250,6 +251,16 @@ class OnlineTrainer:
             if skip.reason.startswith(NON_FINITE):
                 dropped.setdefault(skip.session_id, skip.reason)
         fractions = skipped_fractions(samples, skips, dropped)
+        # the cuts that begin the update's sequences (metrics["cuts"]), of the sessions it keeps
+        cuts = cut_counts(
+            [t for t in loaded if t.session_id not in dropped],
+            current_version=self.version,
+            config=self.config,
+            lineage=depths,
+            model=self.model_name,
+            vocab_size=self.model.get_input_embeddings().num_embeddings,
+            advantages=advantages.of,
+        )
         if dropped:
             self._drop(dropped)
             claim.session_ids = [sid for sid in claim.session_ids if sid not in dropped]
@@ -279,7 +290,7 @@ class OnlineTrainer:
                 None, len(claim.session_ids), 0, len(skips), len(claim.session_ids), {}, []
             )
         claim.dropped.update(dropped)
-        return claim, trajectories, samples, skips, fractions
+        return claim, trajectories, samples, skips, fractions, cuts
 
     def _lost(self, lost: ClaimLost, session_ids: list[str]) -> None:
         """The update's claim was lost before its commit (its lease passed: this trainer was
@@ -347,7 +358,7 @@ class OnlineTrainer:
         if not isinstance(claimed, tuple):
             self._tell("idle")
             return claimed
-        claim, trajectories, samples, skips, fractions = claimed
+        claim, trajectories, samples, skips, fractions, cuts = claimed
         self.governor.baseline(self.version)  # the promoted version's score, while it serves
         with self._update_window() as window:
             # update the policy (every rank)
@@ -368,6 +379,7 @@ class OnlineTrainer:
             metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
             metrics["train_s"] = time.perf_counter() - t0
             metrics["skipped_frac"] = fractions  # of the claimed completions, by reason kind
+            metrics["cuts"] = cuts  # the update's sequences, by the cut that begins each
             test_hooks.crash_point("crash-before-commit")
             test_hooks.commit_delay()
 

@@ -32,6 +32,7 @@ from rlgw.backend_state import ACTIVE, backends_of
 from rlgw.db.models import Backend, PolicyVersion, PromotionGate, RegisteredModel
 from rlgw.governance.version_status import CANDIDATE, PROMOTED
 from rlgw.settings import Settings
+from rlgw.version_lineage import head_version
 
 from ..backends.parity import ProbeScores, reference_scores
 from ..errors import UnknownModel, VersionConflict, VersionFilesUnavailable
@@ -47,7 +48,6 @@ from .version_files import VersionFileServer, file_kind, version_files_token, ve
 from .versions import (
     BASE_KIND,
     file_sha256,
-    head_version,
     latest_version,
     materialize,
     version_file,

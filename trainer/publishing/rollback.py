@@ -24,10 +24,11 @@ from rlgw import backend_state as bs
 from rlgw.db.models import AuditEvent, PolicyVersion, RegisteredModel
 from rlgw.governance import rollbacks
 from rlgw.governance.version_status import PROMOTED, REJECTED, ROLLED_BACK
+from rlgw.version_lineage import lineage
 
 from ..swap.coordinator import SwapReport
 from .publish import Publisher
-from .versions import lineage, materialize
+from .versions import materialize
 
 
 @dataclass
