@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlgw.sequences import CUT_REASONS, build_sequences
+from rlgw.sequences import CUT_REASONS, TrainingSequence, build_sequences
 from rlgw.sequences import OVERLONG_MASKED as OVERLONG_MASKED  # re-exported
 
 from ..config import TrainerConfig
@@ -48,6 +48,29 @@ class Skip:
     reason: str
 
 
+def session_sequences(
+    t: Trajectory,
+    current_version: int,
+    config: TrainerConfig,
+    lineage: Mapping[int, int] | None,
+    model: str | None,
+    vocab_size: int | None,
+    advantages: Mapping[str, float | None] | None,
+) -> list[TrainingSequence]:
+    """The training sequences of one session (rlgw/sequences.py) as `build_samples` sees them."""
+    return build_sequences(
+        t,
+        current_version=current_version,
+        limits=config,
+        lineage=lineage,
+        model=model,
+        vocab_size=vocab_size,
+        advantage=None if advantages is None else advantages.get(t.session_id),
+        use_session_advantage=advantages is not None,
+        join_turns=config.join_turns,
+    )
+
+
 def build_samples(
     trajectories: list[Trajectory],
     *,
@@ -79,16 +102,8 @@ def build_samples(
     samples: list[Sample] = []
     skips: list[Skip] = []
     for t in trajectories:
-        sequences = build_sequences(
-            t,
-            current_version=current_version,
-            limits=config,
-            lineage=lineage,
-            model=model,
-            vocab_size=vocab_size,
-            advantage=None if advantages is None else advantages.get(t.session_id),
-            use_session_advantage=advantages is not None,
-            join_turns=config.join_turns,
+        sequences = session_sequences(
+            t, current_version, config, lineage, model, vocab_size, advantages
         )
         for index, sequence in enumerate(sequences):
             key = f"{t.session_id}#{index}" if len(sequence.trained) > 1 else None
@@ -128,16 +143,8 @@ def cut_counts(
     when none (a steady label set for the version's metrics and /metrics)."""
     counts = dict.fromkeys(CUT_REASONS, 0)
     for t in trajectories:
-        sequences = build_sequences(
-            t,
-            current_version=current_version,
-            limits=config,
-            lineage=lineage,
-            model=model,
-            vocab_size=vocab_size,
-            advantage=None if advantages is None else advantages.get(t.session_id),
-            use_session_advantage=advantages is not None,
-            join_turns=config.join_turns,
+        sequences = session_sequences(
+            t, current_version, config, lineage, model, vocab_size, advantages
         )
         for sequence in sequences:
             for cut in sequence.cuts:
