@@ -113,6 +113,38 @@ def test_rewarded_traffic_trains_a_version_that_the_backend_serves(up: Up) -> No
     assert children["trainer"]["restarts"] == 0
 
 
+@pytest.mark.parametrize("up", ["shared"], indirect=True)
+def test_the_learning_record_through_rlgw_up(up: Up) -> None:
+    """Through the gateway `rlgw up` runs: a reward outside the configured range is refused and
+    nothing is stored; a two-turn session is one training sequence in the training view, the
+    first turn (letters only: allowed_token_ids, so context) and the second trained."""
+    session = up.admin.post("/v1/sessions", json={}).json()
+    sid = session["id"]
+    client = openai.OpenAI(base_url=session["base_url"], api_key="unused")
+    messages = [{"role": "user", "content": "Say A"}]
+    letters = {"allowed_token_ids": list(range(ord("a"), ord("z") + 1))}  # byte ids: re-render
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, extra_body=letters
+    )
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Again"},
+    ]
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+    refused = up.admin.post(f"/v1/sessions/{sid}/rewards", json={"value": 1e300})
+    assert refused.status_code == 422
+    assert refused.json()["error"]["code"] == "reward_out_of_range"
+    assert up.admin.get(f"/v1/sessions/{sid}/trajectory").json()["return_raw"] is None
+    assert up.admin.post(f"/v1/sessions/{sid}/rewards", json={"value": 1.0}).is_success
+    view = up.admin.get(f"/v1/sessions/{sid}/trajectory", params={"view": "training"}).json()
+    (sequence,) = view["sequences"]
+    assert [(t["completion_id"], t["trained"]) for t in sequence["turns"]] == [
+        (first.id, False),
+        (second.id, True),
+    ]
+    assert sequence["cuts"] == []
+
+
 # The children are looked after the same way under every placement: these run under one.
 @pytest.mark.parametrize("up", ["shared"], indirect=True)
 def test_a_killed_trainer_is_reported_restarted_and_trains_on(up: Up) -> None:
