@@ -3,8 +3,10 @@ swap phases, and the `[phases]` log line with `other`, what no phase names."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,8 @@ from trainer.loop.phases import (
     phases_line,
     swap_phases,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -103,3 +107,10 @@ def test_the_line_names_every_phase_timed_in_order_and_what_is_left() -> None:
     # a phase not timed (no backends: no swap) is left out, and still nothing is hidden
     line = phases_line(3, {"claim": 0.5, "write": 0.25}, step_s=1.0)
     assert line == "[phases] v3  claim 0.50s  write 0.25s  (other 0.25s)"
+
+
+def test_the_dashboard_shows_the_phases_in_the_trainers_order() -> None:
+    page = (ROOT / "gateway" / "dashboard" / "dashboard.html").read_text()
+    listed = re.search(r"const PHASES = \[(.*?)\];", page, re.DOTALL)
+    assert listed is not None
+    assert tuple(re.findall(r'"(\w+)"', listed.group(1))) == PHASES
