@@ -63,10 +63,18 @@ def test_the_updates_timings_move_from_its_metrics_to_their_phases() -> None:
 
 
 def test_the_swap_phases_are_the_slowest_backends_with_steps_summed() -> None:
-    fast = Swap({"stage": 0.5, "drain": 0.1, "pause": 0.05, "apply": 0.2, "parity": 0.3})
+    fast = Swap(
+        {
+            "measure_noise": 9.0,  # in no phase: it does not make this backend the slowest
+            "stage": 0.5,
+            "drain": 0.1,
+            "pause": 0.05,
+            "apply": 0.2,
+            "parity": 0.3,
+        }
+    )
     slow = Swap(
         {
-            "measure_noise": 9.0,  # in no phase: it does not make a backend the slowest
             "stage": 1.0,
             "drain": 0.25,
             "pause": 0.125,
@@ -109,7 +117,7 @@ def test_the_line_names_every_phase_timed_in_order_and_what_is_left() -> None:
     assert line == "[phases] v3  claim 0.50s  write 0.25s  (other 0.25s)"
 
 
-def test_the_dashboard_shows_the_phases_in_the_trainers_order() -> None:
+def test_the_dashboard_lists_the_phases_in_the_trainers_order() -> None:
     page = (ROOT / "gateway" / "dashboard" / "dashboard.html").read_text()
     listed = re.search(r"const PHASES = \[(.*?)\];", page, re.DOTALL)
     assert listed is not None
