@@ -28,11 +28,30 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 CHAT = [{"role": "user", "content": "Name a colour."}]
 # The trainer's versions (1-3; 0 is the base checkpoint), as policy_versions.metrics holds them.
+# Version 2 has no phases (as if recorded before the trainer noted them): it is left out of them.
+# No seconds end in a 5 at the third decimal (Python's format and JS's toFixed round ties apart).
 VERSIONS = {
-    1: {"reward_mean": 0.1, "pause_s": 0.041, "step_s": 2.5, "swaps": {"1": "swapped"}},
+    1: {
+        "reward_mean": 0.1,
+        "pause_s": 0.041,
+        "step_s": 2.5,
+        "swaps": {"1": "swapped"},
+        "phases": {"claim": 0.25, "forward_backward": 1.0, "commit": 0.2, "verify": 0.5},
+    },
     2: {"reward_mean": 0.35, "pause_s": 0.052, "step_s": 2.25, "swaps": {"1": "rolled_back"}},
-    3: {"reward_mean": 0.5, "pause_s": 0.047, "step_s": 2.75, "swaps": {"1": "swapped"}},
+    3: {
+        "reward_mean": 0.5,
+        "pause_s": 0.047,
+        "step_s": 2.75,
+        "swaps": {"1": "swapped"},
+        "phases": {"claim": 0.5, "load": 0.25, "optimizer": 0.75, "stage": 0.5},
+    },
 }
+# trainer/loop/phases.py's order (tests/unit/test_phases.py checks the page lists the same)
+PHASES = (
+    "claim", "load", "build", "proximal", "forward_backward", "optimizer", "gather", "delta",
+    "write", "checksum", "commit", "stage", "pause", "apply", "verify",
+)  # fmt: skip
 HELD_OUT_REAL = (0.2, 0.6)  # rewards of held-out sessions whose real completions v0 served
 HELD_OUT_V2 = 0.9  # the reward of a held-out completion stamped with version 2 (inserted)
 SVG_NS = "http://www.w3.org/2000/svg"  # the one URL the page names: SVG's namespace, not a fetch
@@ -194,6 +213,12 @@ def test_data_holds_the_training_and_held_out_rewards(stack: Stack):
     assert by_version[0]["held_out_rewards"] == 2
     assert by_version[2]["held_out_reward_mean"] == pytest.approx(HELD_OUT_V2)
     assert by_version[3]["held_out_reward_mean"] is None
+    assert {v: by_version[v]["phases"] for v in (0, 1, 2, 3)} == {
+        0: {},
+        1: VERSIONS[1]["phases"],
+        2: {},
+        3: VERSIONS[3]["phases"],
+    }
     assert data["trainer_backlog"]["sessions"] == 1  # training-a: closed, rewarded, unconsumed
     assert data["completions"]["eligible"] == len(stack.completion_ids)
 
@@ -283,6 +308,29 @@ def test_the_dashboard_renders_what_the_database_holds(stack: Stack, browser, tm
             assert row[6] == f"{metrics['pause_s']:.3f}" and row[7] == f"{metrics['step_s']:.3f}"
             assert row[8] == ", ".join(f"{b}: {o}" for b, o in metrics["swaps"].items())
     assert shown[-1][4] == f"{sum(HELD_OUT_REAL) / 2:.3f}" and shown[-1][5] == "2"
+
+    # Where the time goes: the versions with phases, newest first, a column per phase in the
+    # trainer's order, `other` = step less the phases, and a bar of them.
+    header = driver.execute_script(
+        "return [...document.querySelectorAll('#phases thead th')].map(th => th.textContent);"
+    )
+    assert header == ["model", "version", "step s", *PHASES, "other", ""]
+    phases = rows(driver, "phases")
+    assert [int(r[1]) for r in phases] == [3, 1]
+    for row, version in zip(phases, (3, 1), strict=True):
+        metrics = VERSIONS[version]
+        assert row[0] == MODEL_NAME and row[2] == f"{metrics['step_s']:.2f}"
+        assert row[3 : 3 + len(PHASES)] == [
+            f"{metrics['phases'][p]:.2f}" if p in metrics["phases"] else "\u2013" for p in PHASES
+        ]
+        other = metrics["step_s"] - sum(metrics["phases"].values())
+        assert row[3 + len(PHASES)] == f"{other:.2f}"
+    bar = driver.execute_script(
+        "return [...document.querySelectorAll('#phases tbody tr:first-child rect')]"
+        ".map(r => [r.dataset.phase, Number(r.dataset.seconds)]);"
+    )
+    other = VERSIONS[3]["step_s"] - sum(VERSIONS[3]["phases"].values())
+    assert bar == [*[[p, s] for p, s in VERSIONS[3]["phases"].items()], ["other", other]]
 
     # Backends, with the registry's state and how far behind the current version they are.
     ((backend_id, state, served, current),) = stack.sql(

@@ -32,6 +32,7 @@ from trainer.backends.vllm_control import VllmControl
 from trainer.config import TrainerConfig
 from trainer.errors import PushRefused
 from trainer.loop.distributed import TIMEOUT_ENV
+from trainer.loop.phases import PHASES
 from trainer.loop.service import NO_SIGNAL, OnlineTrainer
 from trainer.models.weights import apply_delta
 from trainer.publishing.publish import Publisher
@@ -152,7 +153,7 @@ def drain_queue(env: Env) -> None:
     trainer.close()
 
 
-def test_one_update_is_served_verified_and_recorded_in_the_ledger(env):
+def test_one_update_is_served_verified_and_recorded_in_the_ledger(env, capsys):
     drain_queue(env)
     episodes = [env.episode(r) for r in (1.0, 0.0, 0.5, 1.0)]
     trainer = env.trainer()
@@ -178,6 +179,12 @@ def test_one_update_is_served_verified_and_recorded_in_the_ledger(env):
         assert {db.get(AgentSession, s).status for s, _ in episodes} == {"consumed"}
         metrics = db.scalar(select(PolicyVersion.metrics).where(PolicyVersion.version == start + 1))
     assert {"loss", "kl_behave", "reward_mean", "pause_s", "config"} <= set(metrics)
+    # Where the step's time went: every phase, the swap's of its one backend too, on its row.
+    assert tuple(report.metrics["phases"]) == PHASES  # in order (the row's jsonb keeps none)
+    assert metrics["phases"] == pytest.approx(report.metrics["phases"])
+    assert all(s >= 0 for s in metrics["phases"].values())
+    assert sum(metrics["phases"].values()) <= metrics["step_s"]
+    assert f"[phases] v{start + 1}  claim " in capsys.readouterr().out
     versions = admin.get("/admin/versions").json()
     assert versions[-1]["version"] == start + 1 and "loss" in versions[-1]["metrics"]
     assert trainer.step() is None  # the same sessions are not consumed again

@@ -9,14 +9,17 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
+from rlgw.db.models import PolicyVersion
 from rlgw.registry import store_model
 from rlgw.settings import Settings
 from rlgw_vllm import fetch
@@ -28,6 +31,7 @@ from rlgw_vllm.fetch import (
     fetch_adapter,
     fetch_verified,
 )
+from trainer.publishing import publish
 from trainer.publishing.publish import Publisher
 from trainer.publishing.version_files import VersionFileServer, version_files_token, version_url
 from trainer.publishing.versions import file_sha256, version_file
@@ -286,6 +290,50 @@ def test_the_publisher_offers_recorded_files_over_http_only_when_it_serves_them(
         reply = httpx.get(url, headers={"Authorization": f"Bearer {token}"})
         assert reply.content == Path(published.update.path).read_bytes()
     assert token == version_files_token(serving) != ADMIN_KEY
+
+
+class SlowDelta(DeltaFile):
+    """A delta file whose write takes at least WRITE_S longer."""
+
+    @classmethod
+    def write(cls, *args, **kwargs):
+        time.sleep(WRITE_S)
+        return super().write(*args, **kwargs)
+
+
+WRITE_S, CHECKSUM_S, COMMIT_S = 0.15, 0.3, 0.45
+
+
+def test_the_publisher_times_the_write_the_checksum_and_the_commit(
+    publishing, tiny_model_dir, monkeypatch
+) -> None:
+    """Each part is slowed by its own delay: each timing holds its own part and only it."""
+    engine, plain, _ = publishing
+    real_sha256 = publish.file_sha256
+
+    def slow_sha256(path):
+        time.sleep(CHECKSUM_S)
+        return real_sha256(path)
+
+    monkeypatch.setattr(publish, "file_sha256", slow_sha256)
+    with Publisher(plain, engine, MODEL_NAME) as publisher:
+        started = time.perf_counter()
+        published = publisher.record(
+            0,
+            random_delta(tiny_model_dir, seed=4),
+            SlowDelta,
+            rows=lambda db, version: time.sleep(COMMIT_S),  # the caller's rows: in the commit
+        )
+        elapsed = time.perf_counter() - started
+    timings = published.timings
+    assert list(timings) == ["write", "checksum", "commit"]
+    assert timings["write"] >= WRITE_S
+    assert timings["checksum"] >= CHECKSUM_S
+    assert timings["commit"] >= COMMIT_S
+    assert sum(timings.values()) <= elapsed  # disjoint: no part counted twice
+    with sync_session_factory(engine)() as db:  # what was timed is what was recorded
+        recorded = db.scalar(select(PolicyVersion.checksum).where(PolicyVersion.version == 1))
+    assert recorded == file_sha256(published.update.path)
 
 
 def test_a_background_fetch_downloads_in_a_thread_and_reports_its_progress(

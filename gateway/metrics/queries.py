@@ -104,11 +104,14 @@ async def recent_swaps(
 
 async def versions(conn: AsyncConnection, per_model: int) -> list[dict[str, Any]]:
     """The latest `per_model` versions of each model, oldest first, with what the trainer
-    recorded about them (training reward, timings, swap outcomes)."""
+    recorded about them (training reward, timings, swap outcomes, where the step's time went:
+    `phases`, {phase: seconds}, {} on a version recorded without them; jsonb keeps no key
+    order, the page puts them in the trainer's)."""
     rows = await conn.execute(
         text(
             "SELECT m.name, v.version, v.kind, v.created_at, v.metrics -> 'reward_mean', "
-            "v.metrics -> 'pause_s', v.metrics -> 'step_s', v.metrics -> 'swaps' FROM models m "
+            "v.metrics -> 'pause_s', v.metrics -> 'step_s', v.metrics -> 'swaps', "
+            "v.metrics -> 'phases' FROM models m "
             "CROSS JOIN LATERAL (SELECT * FROM policy_versions pv WHERE pv.model_id = m.id "
             "  ORDER BY pv.version DESC LIMIT :n) v ORDER BY m.name, v.version"
         ),
@@ -124,9 +127,17 @@ async def versions(conn: AsyncConnection, per_model: int) -> list[dict[str, Any]
             "pause_s": _number(pause_s),
             "step_s": _number(step_s),
             "swaps": {str(k): str(v) for k, v in swaps.items()} if isinstance(swaps, dict) else {},
+            "phases": _seconds(phases),
         }
-        for model, version, kind, created_at, reward, pause_s, step_s, swaps in rows
+        for model, version, kind, created_at, reward, pause_s, step_s, swaps, phases in rows
     ]
+
+
+def _seconds(phases: Any) -> dict[str, float]:
+    """A version's `metrics.phases` as {phase: seconds}: its numbers only."""
+    if not isinstance(phases, dict):
+        return {}
+    return {str(k): n for k, v in phases.items() if (n := _number(v)) is not None}
 
 
 async def latest_values(

@@ -140,3 +140,23 @@ def test_the_objectives_reasons_have_their_kinds() -> None:
     assert rejection_kind("overlong: cut by max_tokens") == "overlong"
     assert rejection_kind("non-finite advantage: inf (in float32)") == "non_finite"
     assert rejection_kind("zero-variance group: all 3 members returned 1.0") == "zero_variance"
+
+
+def test_each_phase_is_a_scalar_and_other_is_what_they_leave_of_the_step() -> None:
+    phases = {"claim": 0.25, "forward_backward": 1.0, "write": 0.125, "verify": 0.5}
+    scalars = version_scalars(
+        version=3,
+        metrics={"step_s": 2.5, "phases": phases},
+        samples=[],
+        skips=[],
+        outputs={},
+    )
+    assert {k: v for k, v in scalars.items() if k.startswith("phase/")} == {
+        "phase/claim": 0.25,
+        "phase/forward_backward": 1.0,
+        "phase/write": 0.125,
+        "phase/verify": 0.5,
+        "phase/other": 0.625,  # 2.5 - 1.875
+    }
+    without = version_scalars(version=3, metrics={"step_s": 2.5}, samples=[], skips=[], outputs={})
+    assert not any(k.startswith("phase/") for k in without)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -222,3 +223,23 @@ def test_samples_drawn_at_other_temperatures_and_masks_are_scored_under_them() -
         assert metrics["imp_weight_mean"] == pytest.approx(1.0, abs=1e-5)
         assert metrics["kl_behave"] == pytest.approx(0.0, abs=1e-5)
     assert_same_update(weights(micro), weights(whole), before, RTOL)
+
+
+@pytest.mark.parametrize(
+    ("fields", "proximal"),
+    [({}, False), ({"minibatches": 2}, True), ({"epochs": 2}, True)],
+    ids=["one-step", "two-minibatches", "two-epochs"],
+)
+def test_the_update_says_where_its_time_went(fields: dict, proximal: bool) -> None:
+    """Wall seconds of the forward/backward passes and the optimizer steps, and of the extra
+    forward for pi_prox only where one is needed (not for one minibatch of one epoch)."""
+    model = tiny_model(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    started = time.perf_counter()
+    metrics = policy_update(model, optimizer, random_samples(8), config(**fields), PAD_ID)
+    elapsed = time.perf_counter() - started
+    timed = [metrics[k] for k in ("proximal_s", "forward_backward_s", "optimizer_s")]
+    assert metrics["forward_backward_s"] > 0 and metrics["optimizer_s"] > 0
+    assert (metrics["proximal_s"] > 0) is proximal
+    assert metrics["proximal_s"] >= 0
+    assert sum(timed) <= elapsed  # disjoint parts of the update

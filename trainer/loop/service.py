@@ -59,6 +59,7 @@ from .leases import ClaimLost, Heartbeat, check_held
 from .ledger import record_ledger
 from .optimizer_state import state_path
 from .payload import version_payload
+from .phases import PhaseClock, phases_line
 from .policy import Policy
 from .samples import build_samples, cut_counts
 from .settle import settle_dropped
@@ -195,10 +196,11 @@ class OnlineTrainer:
         return self.publisher.sync(self.version, self.model)
 
     # ------------------------------------------------------------------ one update
-    def _claim(self, now: datetime):
+    def _claim(self, now: datetime, clock: PhaseClock):
         """Rank 0: the sessions of the next update and their samples; a StepReport instead when
-        what was claimed holds nothing trainable (the sessions are spent, with the reasons)."""
-        with self.db_sessions() as db, db.begin():
+        what was claimed holds nothing trainable (the sessions are spent, with the reasons).
+        `clock` times the claim, load and build phases."""
+        with clock.phase("claim"), self.db_sessions() as db, db.begin():
             claim = claim_sessions(
                 db,
                 model=self.model_name,
@@ -225,7 +227,7 @@ class OnlineTrainer:
             )
         if not claim.session_ids:
             return None
-        with self.db_sessions() as db:
+        with clock.phase("load"), self.db_sessions() as db:
             trajectories = [load_trajectory(db, sid, now) for sid in claim.session_ids]
             depths = lineage(db, self.publisher.model.id, self.version)
             loaded = [t for t in trajectories if t]
@@ -234,16 +236,18 @@ class OnlineTrainer:
                 if self.config.singleton_baseline == "task_mean"
                 else None
             )
-        advantages = session_advantages(loaded, self.config, means)
-        samples, skips = build_samples(
-            loaded,
-            current_version=self.version,
-            config=self.config,
-            lineage=depths,
-            model=self.model_name,
-            vocab_size=self.model.get_input_embeddings().num_embeddings,
-            advantages=advantages.of,
-        )
+        with clock.phase("load"):
+            advantages = session_advantages(loaded, self.config, means)
+        with clock.phase("build"):
+            samples, skips = build_samples(
+                loaded,
+                current_version=self.version,
+                config=self.config,
+                lineage=depths,
+                model=self.model_name,
+                vocab_size=self.model.get_input_embeddings().num_embeddings,
+                advantages=advantages.of,
+            )
         # Sessions the update must not use at all: a non-finite advantage (theirs, or a sibling
         # choice's), a group without variance when filtered. Dropped now, before the update.
         dropped = dict(advantages.dropped)
@@ -354,7 +358,8 @@ class OnlineTrainer:
         # claim sessions and build their samples
         t0 = time.perf_counter()
         now = datetime.now(UTC)
-        claimed = self._claim(now)
+        clock = PhaseClock()  # where the step's time goes (trainer/loop/phases.py)
+        claimed = self._claim(now, clock)
         if not isinstance(claimed, tuple):
             self._tell("idle")
             return claimed
@@ -373,8 +378,10 @@ class OnlineTrainer:
                 raise
             except NonFiniteUpdate as err:
                 return self._skip_update(err, claim, samples, skips)
-            weights = self.policy.weights()  # the reference (self.model) holds them now
-            moments = self.policy.gather_moments()  # the last collective of the step
+            clock.take_update(metrics)  # its proximal, forward_backward, optimizer seconds
+            with clock.phase("gather"):
+                weights = self.policy.weights()  # the reference (self.model) holds them now
+                moments = self.policy.gather_moments()  # the last collective of the step
             returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
             metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
             metrics["train_s"] = time.perf_counter() - t0
@@ -384,14 +391,15 @@ class OnlineTrainer:
             test_hooks.commit_delay()
 
             # record the version and its ledger in one transaction
-            payload, kind = version_payload(
-                self.policy.lora is not None,
-                self.model,
-                weights,
-                self.served,
-                self.version + 1,
-                self.config.anchor_every,
-            )
+            with clock.phase("delta"):
+                payload, kind = version_payload(
+                    self.policy.lora is not None,
+                    self.model,
+                    weights,
+                    self.served,
+                    self.version + 1,
+                    self.config.anchor_every,
+                )
             try:
                 published = self.publisher.record(
                     self.version,
@@ -417,6 +425,8 @@ class OnlineTrainer:
                 self.log("[train] a rollback moved the model meanwhile: this update is dropped")
                 return None
             metrics["bytes"] = published.update.nbytes
+            for name, seconds in published.timings.items():  # write, checksum, commit
+                clock.add(name, seconds)
             self.policy.save_moments(moments, self.optimizer_path, published.version)
             test_hooks.crash_point("crash-after-commit")
 
@@ -436,6 +446,8 @@ class OnlineTrainer:
             metrics["hold_s"] = window.report.held_s
             metrics["hold_drain_s"] = window.report.drain_s
         # report
+        clock.add_swaps(swaps)  # stage, pause, apply, verify: the slowest backend's
+        metrics["phases"] = clock.seconds
         metrics.update(swap_metrics(swaps))
         metrics["step_s"] = time.perf_counter() - t0
         return self._report(published.version, metrics, claim, trajectories, samples, skips, swaps)
@@ -467,7 +479,7 @@ class OnlineTrainer:
             version,
             {
                 k: metrics[k]
-                for k in ("pause_s", "step_s", "swaps", "hold_s", "transfer_fallbacks")
+                for k in ("pause_s", "step_s", "swaps", "hold_s", "transfer_fallbacks", "phases")
                 if k in metrics
             },
         )
@@ -492,6 +504,8 @@ class OnlineTrainer:
             swaps,
         )
         self.log(self._progress_line(report))
+        if "phases" in metrics:
+            self.log(phases_line(version, metrics["phases"], metrics.get("step_s", 0.0)))
         return report
 
     @staticmethod

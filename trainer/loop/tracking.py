@@ -6,7 +6,9 @@ What is logged (docs/training.md "Metrics" defines each):
 - the data: staleness of what was trained on, and what was rejected, counted apart from it:
   samples, output tokens and mean recorded log-prob per rejection kind (stale, not eligible,
   pending siblings, ...), so a run that trains on little because it rejects a lot shows it;
-- the cost: training, whole-step and pause seconds, and each swap step's seconds and outcomes.
+- the cost: training, whole-step and pause seconds, and each swap step's seconds and outcomes;
+  where the step's time goes, `phase/<name>` per phase and `phase/other` for the rest
+  (trainer/loop/phases.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from .phases import other_seconds
 
 # A rejection reason's kind: the first prefix it starts with (trainer/loop/samples.py's wording).
 REJECTION_KINDS: tuple[tuple[str, str], ...] = (
@@ -144,6 +148,11 @@ def version_scalars(
         scalars[f"swap/{outcome}"] = float(count)
     for name in {step for s in swaps for step in s.steps}:
         scalars[f"swap/{name}_s"] = max(s.steps.get(name, 0.0) for s in swaps)
+    phases = metrics.get("phases") or {}
+    for name, seconds in phases.items():
+        scalars[f"phase/{name}"] = float(seconds)
+    if phases and "step_s" in metrics:
+        scalars["phase/other"] = other_seconds(phases, float(metrics["step_s"]))
     return scalars
 
 

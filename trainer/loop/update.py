@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -109,6 +110,17 @@ def policy_update(
     `stop_ids`: the model's end-of-sequence ids (`eos_ids`), masked with each request's own
     stop_token_ids where a completion was sampled with min_tokens.
 
+    The metrics include the update's wall seconds in three sums (trainer/loop/phases.py):
+    `proximal_s` (the extra forward pass for pi_prox; 0.0 when none is needed),
+    `forward_backward_s` (every micro-batch's forward and backward, with the first pass's entropy
+    and KL sums) and `optimizer_s` (the finiteness check, the clip and the optimizer step), summed
+    over the optimizer steps, this rank's own. On CUDA the clock is read after a
+    `torch.cuda.synchronize` (so queued kernels count in the phase that queued them) at three
+    places only, a few times per update and never per micro-batch, where a sync is cheap: before
+    the clip (free: its gradient norm is read on the host right after), after the proximal pass
+    and after each optimizer step (the next forward's loss is read on the host anyway; these
+    cost only the overlap of launching its first kernels with the device's queued work).
+
     A NaN or infinite loss or gradient norm before any step raises NonFiniteUpdate, with the
     weights and the optimizer state as they were (restored when earlier steps were taken).
 
@@ -174,11 +186,17 @@ def _optimise(
     # pass those ARE the current weights, so pi_prox = pi_theta.detach() there (no extra
     # forward); every other (pass, minibatch) needs its own computed now, before the first step.
     first_fresh = 1 if config.epochs == 1 else 0
+    t_proximal = time.perf_counter()
     with torch.no_grad(), autocast(device, config.dtype):
         proximal = [
             [batch_logprobs(model, b) for b in mbs] for mbs in plan.microbatches[first_fresh:]
         ]
     forget_logits(model)
+    timings = {  # wall seconds (policy_update's docstring)
+        "proximal_s": _clock(device) - t_proximal if proximal else 0.0,
+        "forward_backward_s": 0.0,
+        "optimizer_s": 0.0,
+    }
     sums = [0.0] * (len(METRICS) + 1)  # each metric * its tokens, then the tokens
     extra = dict.fromkeys(PASS_SUMS, 0.0)
     grad_norms = 0.0  # sum over steps of grad_norm * tokens (already global)
@@ -189,6 +207,7 @@ def _optimise(
             zip(plan.microbatches, plan.tokens, strict=True)
         ):
             step = epoch * n_minibatches + i + 1  # this update's optimizer step, from 1
+            t_step = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             finite = True
             for j, batch in enumerate(microbatches):
@@ -220,6 +239,8 @@ def _optimise(
                 (loss * world).backward()
                 weighted = [metrics[k] * metrics["tokens"] for k in METRICS] + [metrics["tokens"]]
                 sums = [a + b for a, b in zip(sums, weighted, strict=True)]
+            backward_done = _clock(device)
+            timings["forward_backward_s"] += backward_done - t_step
             norm = collectives.clip_grad_norm(model.parameters(), config.grad_clip)
             # Every rank must agree: a non-finite loss anywhere skips the step everywhere.
             bad = collectives.all_reduce(torch.tensor([0.0 if finite else 1.0], device=device))
@@ -237,6 +258,7 @@ def _optimise(
                     group["lr"] = group.setdefault("initial_lr", group["lr"]) * factor
             lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
+            timings["optimizer_s"] += _clock(device) - backward_done
             steps.append(step)
     optimizer.zero_grad(set_to_none=True)  # free the gradients until the next update
     totals = collectives.all_reduce(
@@ -260,7 +282,15 @@ def _optimise(
     for kl, n in (("kl_staleness", "stale_tokens"), ("kl_mismatch", "fresh_tokens")):
         if passes[n] > 0:
             result[kl] = passes[kl] / passes[n]
-    return result
+    return {**result, **timings}
+
+
+def _clock(device: torch.device) -> float:
+    """time.perf_counter() once the device's queued work is done (CUDA: synchronize; called
+    only where a sync is cheap, see policy_update)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _first_pass_sums(

@@ -18,8 +18,9 @@ one, never on a candidate.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,9 @@ class Published:
     parent: int
     update: WeightUpdate  # a stored one: FileUpdate or LoraAdapter
     candidate: bool = False  # the model has a gate: the version waits for its verdict
+    # Publisher.record's wall seconds: write (the payload), checksum (its sha256), commit (the
+    # version row, the caller's rows and the transaction's commit); trainer/loop/phases.py
+    timings: dict[str, float] = field(default_factory=dict, compare=False)
 
 
 def swap_metrics(reports: list[SwapReport]) -> dict[str, Any]:
@@ -171,7 +175,8 @@ class Publisher:
         transaction (`rows(db, version)` adds the caller's rows to it: the trainer's ledger;
         `guard(db)`, first under the model's lock, may raise to record nothing: the trainer's
         check that it still holds its sessions). Raises VersionConflict when `parent` is no
-        longer the current version, or a candidate is being judged."""
+        longer the current version, or a candidate is being judged. The returned version's
+        `timings` say how long the write, the checksum and the commit took."""
         with self.db_sessions() as db, db.begin():
             # The model's row lock orders publishers: the payload is written under it, so two
             # of them never write the same version's file.
@@ -183,7 +188,12 @@ class Publisher:
             version = latest_version(db, model.id) + 1
             candidate = db.get(PromotionGate, model.id) is not None
             path = version_file(self.home, model.name, version, kind.kind)
+            started = time.perf_counter()
             update = kind.write(payload, path, model.name, version)
+            written = time.perf_counter()
+            checksum = file_sha256(update.payload_file)
+            committing = time.perf_counter()
+            timings = {"write": written - started, "checksum": committing - written}
             db.add(
                 PolicyVersion(
                     model_id=model.id,
@@ -191,7 +201,7 @@ class Publisher:
                     parent_version=parent,
                     kind=update.kind,
                     weights_path=update.path,
-                    checksum=file_sha256(update.payload_file),
+                    checksum=checksum,
                     metrics={**(metrics or {}), "bytes": update.nbytes},
                     status=CANDIDATE if candidate else PROMOTED,
                 )
@@ -202,7 +212,8 @@ class Publisher:
                 model.candidate_version = version
             else:
                 model.current_version = version
-        return Published(version, parent, update, candidate)
+        timings["commit"] = time.perf_counter() - committing  # the flush and COMMIT included
+        return Published(version, parent, update, candidate, timings)
 
     def note(self, version: int, metrics: dict[str, Any]) -> None:
         """Add measurements (pause, swap outcomes) to a recorded version's metrics."""
