@@ -7,9 +7,9 @@ database loader beside it) is a type here, so the update path runs where only to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -71,7 +71,27 @@ def session_sequences(
     )
 
 
-def build_samples(
+@dataclass
+class Built:
+    """What an update is built from: its samples, its skips, and the cuts (rlgw/sequences.py's
+    reasons) that begin each session's sequences."""
+
+    samples: list[Sample]
+    skips: list[Skip]
+    cuts: dict[str, list[str]]  # session id -> the cut reasons of its sequences
+
+    def cut_counts(self, exclude: Collection[str] = ()) -> dict[str, int]:
+        """Sequences beginning with each cut reason, over the sessions not in `exclude`: every
+        reason of CUT_REASONS, 0 when none (a steady label set for metrics and /metrics)."""
+        counts = dict.fromkeys(CUT_REASONS, 0)
+        for session_id, reasons in self.cuts.items():
+            if session_id not in exclude:
+                for reason in reasons:
+                    counts[reason] += 1
+        return counts
+
+
+def build_update(
     trajectories: list[Trajectory],
     *,
     current_version: int,
@@ -80,7 +100,7 @@ def build_samples(
     model: str | None = None,
     vocab_size: int | None = None,
     advantages: Mapping[str, float | None] | None = None,
-) -> tuple[list[Sample], list[Skip]]:
+) -> Built:
     """One sample per kept, eligible, fresh-enough completion of `model`; every other one of
     `model` is a Skip. The samples of one session's training sequence (rlgw/sequences.py:
     each turn extends the last, proved from the record) share `sequence`, and train as one row.
@@ -99,20 +119,20 @@ def build_samples(
     max_tokens follows `config.overlong`; a non-finite advantage is a skip (the trainer drops
     its session).
     """
-    samples: list[Sample] = []
-    skips: list[Skip] = []
+    built = Built([], [], {})
     for t in trajectories:
         sequences = session_sequences(
             t, current_version, config, lineage, model, vocab_size, advantages
         )
+        built.cuts[t.session_id] = [c.reason for s in sequences for c in s.cuts]
         for index, sequence in enumerate(sequences):
             key = f"{t.session_id}#{index}" if len(sequence.trained) > 1 else None
             for turn in sequence.turns:
                 step, verdict = turn.step, turn.verdict
                 if verdict.reason is not None:
-                    skips.append(Skip(t.session_id, step.completion_id, verdict.reason))
+                    built.skips.append(Skip(t.session_id, step.completion_id, verdict.reason))
                     continue
-                samples.append(
+                built.samples.append(
                     Sample(
                         t.session_id,
                         step.completion_id,
@@ -125,31 +145,21 @@ def build_samples(
                         key,
                     )
                 )
-    return samples, skips
+    return built
 
 
-def cut_counts(
-    trajectories: list[Trajectory],
-    *,
-    current_version: int,
-    config: TrainerConfig,
-    lineage: Mapping[int, int] | None = None,
-    model: str | None = None,
-    vocab_size: int | None = None,
-    advantages: Mapping[str, float | None] | None = None,
-) -> dict[str, int]:
-    """How many of the sequences `build_samples` builds from `trajectories` (given the same
-    arguments) begin with each cut reason: every reason of rlgw/sequences.py's CUT_REASONS, 0
-    when none (a steady label set for the version's metrics and /metrics)."""
-    counts = dict.fromkeys(CUT_REASONS, 0)
-    for t in trajectories:
-        sequences = session_sequences(
-            t, current_version, config, lineage, model, vocab_size, advantages
-        )
-        for sequence in sequences:
-            for cut in sequence.cuts:
-                counts[cut.reason] += 1
-    return counts
+def build_samples(
+    trajectories: list[Trajectory], **options: Any
+) -> tuple[list[Sample], list[Skip]]:
+    """`build_update`'s samples and skips (same keyword arguments)."""
+    built = build_update(trajectories, **options)
+    return built.samples, built.skips
+
+
+def cut_counts(trajectories: list[Trajectory], **options: Any) -> dict[str, int]:
+    """How many of the sequences `build_update` builds from `trajectories` (same keyword
+    arguments) begin with each cut reason (`Built.cut_counts`)."""
+    return build_update(trajectories, **options).cut_counts()
 
 
 def sequence_rows(samples: list[Sample]) -> list[list[Sample]]:

@@ -61,7 +61,7 @@ from .optimizer_state import state_path
 from .payload import version_payload
 from .phases import PhaseClock, phases_line
 from .policy import Policy
-from .samples import build_samples, cut_counts
+from .samples import build_update
 from .settle import settle_dropped
 from .task_baseline import task_means
 from .tracking import RunLog, rejected_outputs, skipped_fractions, version_scalars
@@ -239,7 +239,7 @@ class OnlineTrainer:
         with clock.phase("load"):
             advantages = session_advantages(loaded, self.config, means)
         with clock.phase("build"):
-            samples, skips = build_samples(
+            built = build_update(
                 loaded,
                 current_version=self.version,
                 config=self.config,
@@ -248,6 +248,7 @@ class OnlineTrainer:
                 vocab_size=self.model.get_input_embeddings().num_embeddings,
                 advantages=advantages.of,
             )
+        samples, skips = built.samples, built.skips
         # Sessions the update must not use at all: a non-finite advantage (theirs, or a sibling
         # choice's), a group without variance when filtered. Dropped now, before the update.
         dropped = dict(advantages.dropped)
@@ -256,15 +257,7 @@ class OnlineTrainer:
                 dropped.setdefault(skip.session_id, skip.reason)
         fractions = skipped_fractions(samples, skips, dropped)
         # the cuts that begin the update's sequences (metrics["cuts"]), of the sessions it keeps
-        cuts = cut_counts(
-            [t for t in loaded if t.session_id not in dropped],
-            current_version=self.version,
-            config=self.config,
-            lineage=depths,
-            model=self.model_name,
-            vocab_size=self.model.get_input_embeddings().num_embeddings,
-            advantages=advantages.of,
-        )
+        cuts = built.cut_counts(exclude=dropped)
         if dropped:
             self._drop(dropped)
             claim.session_ids = [sid for sid in claim.session_ids if sid not in dropped]
