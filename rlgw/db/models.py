@@ -113,6 +113,32 @@ class Backend(Base):
     )
 
 
+class SwapBoundary(Base):
+    """Where a swap that paused a backend in place cut each request it held
+    (rlgw/swap_boundaries.py): the tokens before were sampled under `from_version`."""
+
+    __tablename__ = "swap_boundaries"
+
+    backend_id: Mapped[int] = mapped_column(
+        ForeignKey("backends.id", ondelete="CASCADE"), primary_key=True
+    )
+    epoch: Mapped[int] = mapped_column(
+        Integer, primary_key=True, comment="the backend's epoch it began"
+    )
+    from_version: Mapped[int | None] = mapped_column(Integer)
+    to_version: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(
+        String(16), comment="pausing|pending|served|failed (rlgw/swap_boundaries.py)"
+    )
+    running: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONB, comment="request key -> output tokens sampled before the pause; null until read"
+    )
+    finished: Mapped[list[str] | None] = mapped_column(
+        JSONB, comment="request keys the backend had finished before the pause"
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
 class PolicyVersion(Base):
     """A policy version of a model: the base checkpoint (0) or the result of a training update."""
 
@@ -257,6 +283,11 @@ class Completion(Base):
     model: Mapped[str] = mapped_column(String(128))
     backend_id: Mapped[int | None] = mapped_column(ForeignKey("backends.id", ondelete="SET NULL"))
     policy_version: Mapped[int | None] = mapped_column(Integer)
+    output_versions: Mapped[list[int] | None] = mapped_column(
+        ARRAY(Integer),
+        comment="the policy version of each output token, where a swap continued the request "
+        "on new weights; null: every token at policy_version",
+    )
     # Token arrays are packed little-endian (int32 ids, float32 log-probs): 4 bytes a value.
     prompt_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
     output_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
