@@ -84,7 +84,13 @@ NOT_FOLLOWING = Reason(
     "connection lost): a swap cannot be ruled out",
     ReasonKind.NOT_FOLLOWING,
 )
-SWAP_DOUBTS = (CROSSED_SWAP, NOT_FOLLOWING)
+# Tokens of it were sampled under weights a swap installed and then failed to verify (the swap
+# paused the request in place: rlgw/swap_boundaries.py). Learned when it is written, or later.
+SERVED_UNVERIFIED = Reason(
+    "part of it was sampled under weights that failed verification during a swap",
+    ReasonKind.CROSSED_SWAP,
+)
+SWAP_DOUBTS = (CROSSED_SWAP, NOT_FOLLOWING, SERVED_UNVERIFIED)
 DOUBTFUL_COMMIT = Reason(
     "the database failed during its commit and the client was told the call failed",
     ReasonKind.DOUBTFUL_COMMIT,

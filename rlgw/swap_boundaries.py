@@ -29,6 +29,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+LOCK_NAMESPACE = 7_262_002  # pg advisory lock (namespace, backend id): a boundary being written
+
 PAUSING = "pausing"
 PENDING = "pending"
 SERVED = "served"
@@ -78,6 +80,7 @@ class Resolved:
 
     versions: list[int] | None
     reason: str | None = None
+    unverified: bool = False  # no versions because tokens came from weights that failed
 
     @property
     def policy_version(self) -> int | None:
@@ -114,8 +117,8 @@ def resolve(
             upto = min(int(before), n_tokens)
             if upto < len(versions):
                 return Resolved(None, f"the pause at epoch {epoch} counts fewer tokens than before")
-            if version is None or unverified and upto > len(versions):
-                return Resolved(None, "tokens were sampled under weights that failed verification")
+            if (version is None or unverified) and upto > len(versions):
+                return _UNVERIFIED
             versions += [version] * (upto - len(versions))
         elif versions:
             # Held before an earlier pause but unknown to this one: it finished in between and
@@ -124,9 +127,14 @@ def resolve(
         version, unverified = boundary.to_version, boundary.outcome == FAILED
     if len(versions) < n_tokens:
         if version is None or unverified:
-            return Resolved(None, "tokens were sampled under weights that failed verification")
+            return _UNVERIFIED
         versions += [version] * (n_tokens - len(versions))
     return Resolved(versions)
+
+
+_UNVERIFIED = Resolved(
+    None, "tokens were sampled under weights that failed verification", unverified=True
+)
 
 
 def runs(versions: Sequence[int]) -> list[tuple[int, int]]:

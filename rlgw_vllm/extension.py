@@ -9,6 +9,8 @@ in three calls so that only the middle one happens while the server is paused:
                              (rlgw_stage_url: the same file fetched over HTTP, verified first)
     rlgw_apply()             put the prepared weights in place; restore the old ones on failure
     rlgw_commit() / rlgw_rollback()   drop the old weights, or put them back exactly
+    rlgw_generation_state()  while paused: each request's output tokens so far, and the requests
+                             finished lately (rlgw_vllm/generation_state.py)
     rlgw_info()              the serving dtype (the trainer's verification band depends on it)
     rlgw_fetch_adapter(...)  a LoRA version's adapter folder on this host (read from the
                              trainer's path, or downloaded and verified) for /v1/load_lora_adapter
@@ -77,9 +79,10 @@ import torch
 
 from .applying import Applying
 from .delivery import Delivery
+from .generation_state import GenerationState
 
 
-class WeightUpdateExtension(Delivery, Applying):
+class WeightUpdateExtension(Delivery, Applying, GenerationState):
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's model runner. The rpc
     methods (`rlgw_*`, called over /collective_rpc) are listed in this module's docstring."""
 

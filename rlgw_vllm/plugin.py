@@ -1,4 +1,6 @@
-"""vLLM general plugin: keep linear weights on the CPU build so they can be updated in place.
+"""vLLM general plugin: keep linear weights on the CPU build so they can be updated in place, and
+note the requests each step finishes (rlgw_vllm/generation_state.py: a swap that pauses in place
+tells a finished request from one not yet started).
 
 vLLM's CPU build repacks every linear layer's weight for oneDNN / the SGL kernel after loading and
 then replaces the parameter with an empty tensor; an in-place update then has nothing to write to
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import functools
 
+from . import generation_state
 from .settings import WorkerSettings
 
 
@@ -19,6 +22,7 @@ def register() -> None:
     """Entry point of the `vllm.general_plugins` group; safe to call more than once."""
     if WorkerSettings().vllm_keep_weights != "1":
         return
+    generation_state.install()
     from vllm.model_executor.layers import utils
 
     original = utils.dispatch_cpu_unquantized_gemm

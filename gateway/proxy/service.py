@@ -185,7 +185,7 @@ class ProxyService:
         surface = call.surface
 
         def post(lease: Lease) -> Awaitable[UpstreamReply]:
-            body = surface.upstream(lease.served_name)
+            body = surface.upstream(lease.served_name, call.record.id)
             request = self._upstream.post(lease.url + _PATHS[surface.wire], body)
             return unless_client_leaves(request, receive)
 
@@ -232,7 +232,7 @@ class ProxyService:
         surface = call.surface
 
         def send(lease: Lease) -> Awaitable[UpstreamStream]:
-            body = surface.upstream(lease.served_name)
+            body = surface.upstream(lease.served_name, call.record.id)
             return self._upstream.stream(lease.url + _PATHS[surface.wire], body)
 
         try:
@@ -289,8 +289,9 @@ class ProxyService:
                 await self._pool.mark(lease.backend_id, type(exc).__name__)
 
     def _stamp(self, call: Call, lease: Lease) -> None:
-        # The version resident on the backend for the whole lease: a swap drains the backend
-        # first, and a request still running when the swap pauses it is caught by its epoch.
+        # The version resident on the backend when the lease began: a swap that pauses the
+        # backend meanwhile moves its epoch on, and the writer then finds, in the pause's
+        # boundary, the version of each output token (gateway/recording/swap_settle.py).
         for rec in call.records:
             rec.backend_id = lease.backend_id
             rec.policy_version = lease.served_version

@@ -109,12 +109,18 @@ class Surface:
     def model(self) -> str:
         return self.wire_body["model"]
 
-    def upstream(self, served_name: str | None = None) -> dict[str, Any]:
+    def upstream(
+        self, served_name: str | None = None, record_id: str | None = None
+    ) -> dict[str, Any]:
         """The body sent to the backend: under `served_name` when the backend serves the model's
-        version under another name (a LoRA adapter, `model@vN`)."""
+        version under another name (a LoRA adapter, `model@vN`); with `record_id` as vLLM's
+        request id, so that a swap pausing the backend names the request in its boundary
+        (rlgw/swap_boundaries.py)."""
         body = upstream_body(self.wire, self.wire_body)
         if served_name is not None:
             body["model"] = served_name
+        if record_id is not None:
+            body["request_id"] = record_id
         return body
 
     def reply(self, payload: dict[str, Any], record_id: str) -> tuple[dict, list[dict]]:

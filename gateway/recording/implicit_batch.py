@@ -12,7 +12,6 @@ from typing import Any
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from rlgw.eligibility import NOT_FOLLOWING
 from rlgw.session_rows import insert_implicit_sql
 
 from .record import CompletionRecord
@@ -28,10 +27,9 @@ IDLE_S = 10.0
 
 def fits(records: list[CompletionRecord], settle_first: bool) -> bool:
     """Whether `records` can be stored by `ImplicitWriter`: all in implicit sessions, none to be
-    settled first, none whose swap doubt must be settled against the registry."""
-    return not settle_first and all(
-        r.implicit_session and r.swap_doubt != NOT_FOLLOWING for r in records
-    )
+    settled first, none whose swap doubt must be settled against the registry and the swap
+    boundaries."""
+    return not settle_first and all(r.implicit_session and r.swap_doubt is None for r in records)
 
 
 def _placeholders(start: int, count: int) -> str:

@@ -55,6 +55,10 @@ class CompletionRecord:
     session_status: str | None = None
     swap_doubt: str | None = None
     lease_epoch: int | None = None
+    # Set when the writer settles a request that a swap paused and continued in place
+    # (rlgw/swap_boundaries.py): each output token's version, and the pauses it crossed.
+    output_versions: list[int] | None = None
+    crossed_epochs: list[int] | None = None
     echo_only: bool = False  # a text completion with `echo` and `max_tokens` 0 (ECHO_ONLY)
     # What row() decided, with the orphan reason (for the metrics of recorded completions).
     verdict: list[str] = field(default_factory=list)
@@ -80,6 +84,8 @@ class CompletionRecord:
             "model": self.model,
             "backend_id": self.backend_id,
             "policy_version": self.policy_version,
+            "output_versions": self.output_versions,
+            "crossed_epochs": self.crossed_epochs,
             "prompt_token_ids": None
             if self.prompt_token_ids is None
             else pack_ids(self.prompt_token_ids),

@@ -11,13 +11,14 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from rlgw.db.models import AgentSession, Backend, Completion
-from rlgw.eligibility import CROSSED_SWAP, DOUBTFUL_COMMIT, NOT_FOLLOWING, add_reason
+from rlgw.db.models import AgentSession, Completion
+from rlgw.eligibility import DOUBTFUL_COMMIT, add_reason
 from rlgw.session_rows import implicit_session, insert_implicit, insert_implicit_cte
 
 from . import implicit_batch
 from .lineage_store import link_into_session
 from .record import CompletionRecord
+from .swap_settle import settle_swap_doubts
 
 log = logging.getLogger("rlgw.recording")
 
@@ -54,30 +55,9 @@ async def store_batch(
             await _lock_sessions(conn, {r.session_id for r in records if not r.implicit_session})
             stored = await _already_stored(conn, groups)
             records = [r for r in records if r.id not in stored]
-        await _settle_swap_doubts(conn, records)
+        await settle_swap_doubts(conn, records)
         await _link_named(conn, records)
         await _insert(conn, records, sessions_inserted=settle_first)
-
-
-async def _settle_swap_doubts(conn: AsyncConnection, records: list[CompletionRecord]) -> None:
-    """Records that finished while the gateway was not following the registry: every pause bumps
-    its backend's epoch first, so an epoch still equal to the lease's means no swap touched the
-    request; a changed one counts as crossed (even when the swap began after the request ended:
-    never a guessed label)."""
-    unverified = [r for r in records if r.swap_doubt == NOT_FOLLOWING]
-    if not unverified:
-        return
-    epochs = dict(
-        (
-            await conn.execute(
-                select(Backend.id, Backend.swap_epoch).where(
-                    Backend.id.in_({r.backend_id for r in unverified})
-                )
-            )
-        ).all()
-    )
-    for r in unverified:
-        r.swap_doubt = None if epochs.get(r.backend_id) == r.lease_epoch else CROSSED_SWAP
 
 
 def _implicit_session(r: CompletionRecord) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """per-token versions: a completion that a weight swap paused and continued keeps the version of
 each output token, and every swap that pauses a backend in place records where it cut each request
 
-`completions.output_versions` is null on every existing row (every token at `policy_version`).
+`completions.output_versions` and `crossed_epochs` are null on every existing row (every token at
+`policy_version`).
 `swap_boundaries` starts empty.
 
 Revision ID: 0016
@@ -31,6 +32,22 @@ def upgrade() -> None:
             comment="the policy version of each output token, where a swap continued the "
             "request on new weights; null: every token at policy_version",
         ),
+    )
+    op.add_column(
+        "completions",
+        sa.Column(
+            "crossed_epochs",
+            postgresql.ARRAY(sa.Integer()),
+            nullable=True,
+            comment="the epochs of its backend's pauses that output_versions was resolved "
+            "through (a pause whose new weights later fail verification marks it); null: none",
+        ),
+    )
+    op.create_index(
+        "ix_completions_crossed",
+        "completions",
+        ["backend_id"],
+        postgresql_where=sa.text("crossed_epochs IS NOT NULL"),
     )
     op.create_table(
         "swap_boundaries",
@@ -74,4 +91,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("swap_boundaries")
+    op.drop_index("ix_completions_crossed", table_name="completions")
+    op.drop_column("completions", "crossed_epochs")
     op.drop_column("completions", "output_versions")

@@ -267,6 +267,11 @@ class Completion(Base):
         Index(None, "retry_group"),
         Index(None, "created_at"),
         Index(None, "sibling_group"),
+        Index(
+            "ix_completions_crossed",
+            "backend_id",
+            postgresql_where=text("crossed_epochs IS NOT NULL"),
+        ),
         # The retention sweep's path: old completions whose text is still kept.
         Index(
             "ix_completions_text_kept",
@@ -287,6 +292,11 @@ class Completion(Base):
         ARRAY(Integer),
         comment="the policy version of each output token, where a swap continued the request "
         "on new weights; null: every token at policy_version",
+    )
+    crossed_epochs: Mapped[list[int] | None] = mapped_column(
+        ARRAY(Integer),
+        comment="the epochs of its backend's pauses that output_versions was resolved through "
+        "(a pause whose new weights later fail verification marks it); null: none",
     )
     # Token arrays are packed little-endian (int32 ids, float32 log-probs): 4 bytes a value.
     prompt_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)

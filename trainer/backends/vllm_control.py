@@ -27,10 +27,10 @@ class VllmControl:
         return self._post(path, json=body)
 
     def pause(self, mode: str) -> None:
-        """mode 'wait' lets running requests finish; 'abort' ends them (never 'keep': a kept
-        request would resume on the new weights under the old label)."""
-        if mode not in ("wait", "abort"):
-            raise ValueError(f"pause mode {mode!r} is not allowed during a swap")
+        """mode 'keep' holds the running requests in the engine (a swap then records where it
+        cut each one: trainer/swap/boundary.py); 'wait' lets them finish; 'abort' ends them."""
+        if mode not in ("keep", "wait", "abort"):
+            raise ValueError(f"unknown pause mode {mode!r}")
         self._post("/pause", params={"mode": mode})
 
     def resume(self) -> None:
@@ -44,9 +44,11 @@ class VllmControl:
     def wake_up(self) -> None:
         self._post("/wake_up")
 
-    def reset_prefix_cache(self) -> None:
-        # Cached KV blocks were computed with the old weights.
-        self._post("/reset_prefix_cache")
+    def reset_prefix_cache(self, *, running: bool = False) -> None:
+        """Drop the cached KV blocks (computed with the old weights); with `running`, preempt the
+        running requests too, so that each recomputes its prefix when it is next scheduled."""
+        params = {"reset_running_requests": "true"} if running else None
+        self._post("/reset_prefix_cache", params=params)
 
     def weight_version(self) -> str:
         reply = self.http.get(self.url + "/weight_info")

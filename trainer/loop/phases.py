@@ -11,8 +11,9 @@ The phases, in order (docs/training.md, "Metrics"):
 - write, checksum, commit: `Publisher.record`'s (the payload file, its sha256, the version row
   with the ledger and the transaction's commit);
 - stage, pause, apply, verify: the swap's, from the SLOWEST backend's report (the largest sum of
-  these four), as one backend's swap is what a request sees: pause = drain + pause, apply =
-  apply + reset_cache + resume, verify = parity + commit. Backends swap one after another, so
+  these four), as one backend's swap is what a request sees: pause = drain + pause + boundary
+  (the counts of the requests held), apply = apply + reset_cache + resume, verify = parity +
+  commit. Backends swap one after another, so
   the other backends' swaps are in `other`, like everything no phase names.
 
 Stdlib only: the update path imports it (tests/unit/test_light_imports.py).
@@ -51,7 +52,7 @@ UPDATE_PHASES = {
 # a swap phase -> the coordinator's steps it sums (SwapReport.steps)
 SWAP_PHASES = {
     "stage": ("stage",),
-    "pause": ("drain", "pause"),
+    "pause": ("drain", "pause", "boundary"),
     "apply": ("apply", "reset_cache", "resume"),
     "verify": ("parity", "commit"),
 }

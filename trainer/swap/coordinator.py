@@ -1,10 +1,19 @@
-"""The swap coordinator: one backend at a time, drain -> pause -> apply -> verify -> serve.
+"""The swap coordinator: one backend at a time, stage -> pause in place -> apply -> verify -> serve.
 
-    active --drain--> draining --pause--> paused --apply--> verifying --parity ok--> active (new)
-                                             |                  | parity fails
-                                             v                  v
-                               apply refused/undone       rollback -> verifying -> active (old)
-                                                                   \\-> failed (out of routing)
+    active --pause (keep)--> paused --apply--> verifying --parity ok--> active (new)
+                               |                   | parity fails
+                               v                   v
+                  apply refused/undone      pause -> rollback -> verifying -> active (old)
+                                                              \\-> failed (out of routing)
+
+No swap waits for the answers in flight, nor ends them. The pause keeps them in the engine (vLLM's
+`keep` mode); while paused, the coordinator stores what each has sampled so far as the pause's
+boundary (`boundary.py`, rlgw/swap_boundaries.py); after the apply, every running request is
+preempted so that its prefix is recomputed under the new weights, and on resume each one
+continues where it stopped: the client sees one uninterrupted answer, and the gateway records
+the version of every output token. A request that arrived while paused waits and runs on the new
+weights. Tokens sampled under weights that then fail verification are never trained on (the
+boundary closes `failed`); a backend left failed and paused ends the requests it still held.
 
 Every state lives in Postgres and is announced with NOTIFY, so every gateway replica stops routing
 to the backend before it is paused. The backend only re-enters routing after its served probe
@@ -30,12 +39,14 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from rlgw import backend_state as bs
+from rlgw import swap_boundaries as sb
 from rlgw.db.models import Backend
 from rlgw.registry import version_label
 from trainer.backends.parity import ProbeScores
 from trainer.backends.vllm_control import ControlError, VllmControl
 from trainer.weight_update.base import Staged, WeightsUnknown, WeightUpdate
 
+from . import boundary
 from .verification import (
     FULL_PRECISION,
     LOW_PRECISION_CEILING,
@@ -105,7 +116,7 @@ class SwapReport:
     fallback: str | None = None  # why the plan's preferred update was not the one shipped
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
     paused_s: float = 0.0  # vLLM paused
-    out_of_routing_s: float = 0.0  # from leaving routing (drain, or stage) to active
+    out_of_routing_s: float = 0.0  # from leaving routing (the pause, or the stage) to active
     out_of_routing: tuple[float, float] | None = None  # (start, end) on time.monotonic()
     staged_out_of_routing: bool = False  # another backend served while this one staged
     stage_window: tuple[float, float] | None = None  # (start, end) on time.monotonic()
@@ -115,6 +126,8 @@ class SwapReport:
     dtype: str | None = None  # the backend's serving dtype
     bytes_shipped: int = 0
     delivery: str | None = None  # how the update travelled, when the backend chose
+    pause_epoch: int | None = None  # the backend's epoch of its last pause (its boundary)
+    held: int | None = None  # requests the backend held at the pause (None: it could not say)
 
 
 class SwapFailed(Exception):
@@ -142,9 +155,30 @@ class SwapCoordinator:
         self.noise = NoiseBands()  # per backend: dtype and measured probe noise
 
     # ---------------------------------------------------------------- registry
-    def set_state(self, backend_id: int, state: str, reason: str | None = None, **kw) -> None:
+    def set_state(
+        self,
+        backend_id: int,
+        state: str,
+        reason: str | None = None,
+        *,
+        closing: tuple[int | None, str] | None = None,
+        kept_version: int | None = None,
+        **kw,
+    ) -> None:
+        """Change the backend's state; with `closing` (epoch, outcome), close the boundary of
+        that pause in the same transaction (`kept_version`: the weights the pause led to, when
+        not those it was opened for)."""
         with self.db_sessions() as db, db.begin():
             db.execute(bs.set_state(backend_id, state, reason, **kw))
+            if closing is not None and closing[0] is not None:
+                marked = boundary.close(
+                    db, backend_id, closing[0], closing[1], to_version=kept_version
+                )
+                if marked:
+                    self.log(
+                        f"[swap] backend {backend_id}: {len(marked)} completion(s) sampled partly "
+                        "under weights that failed verification are not trained on"
+                    )
             db.execute(bs.NOTIFY, bs.notify_args(backend_id))
 
     def backends(self, model_id: int) -> list[Backend]:
@@ -226,7 +260,14 @@ class SwapCoordinator:
         if not report.staged_out_of_routing:
             t_out, mono_out = time.perf_counter(), time.monotonic()
         try:
-            self._drain(vllm, backend, plan, report)
+            self._pause(
+                vllm,
+                backend,
+                report,
+                reason=f"applying version {plan.new_version}",
+                from_version=backend.served_version,
+                to_version=_led_to(update, backend, plan),
+            )
             t_pause = time.perf_counter()
             try:
                 self._apply(vllm, update, report)
@@ -238,20 +279,23 @@ class SwapCoordinator:
         except SwapFailed as exc:
             report.outcome, report.reason = "failed", str(exc)
             self.set_state(
-                backend.id, bs.FAILED, f"swap to version {plan.new_version} failed: {exc}"
+                backend.id,
+                bs.FAILED,
+                f"swap to version {plan.new_version} failed: {exc}",
+                closing=(report.pause_epoch, sb.FAILED),
             )
             _label_failed(vllm, plan)
-            if not exc.leave_paused:
-                with contextlib.suppress(ControlError, httpx.HTTPError):
-                    vllm.resume()
+            _end_kept_requests(vllm, resume=not exc.leave_paused)
         except (ControlError, httpx.HTTPError, WeightsUnknown) as exc:  # weights unknown
             report.outcome, report.reason = "failed", f"{type(exc).__name__}: {exc}"
             self.set_state(
                 backend.id,
                 bs.FAILED,
                 f"swap to version {plan.new_version} failed, weights unknown: {exc}",
+                closing=(report.pause_epoch, sb.FAILED),
             )
             _label_failed(vllm, plan)
+            _end_kept_requests(vllm, resume=False)
         finally:
             report.out_of_routing_s = time.perf_counter() - t_out
             report.out_of_routing = (mono_out, time.monotonic())
@@ -336,31 +380,55 @@ class SwapCoordinator:
             for other in self.backends(backend.model_id)
         )
 
-    def _drain(
-        self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport
+    def _pause(
+        self,
+        vllm: VllmControl,
+        backend: Backend,
+        report: SwapReport,
+        *,
+        reason: str,
+        from_version: int | None,
+        to_version: int | None,
     ) -> None:
-        self.set_state(backend.id, bs.DRAINING, f"swap to version {plan.new_version}")
-        deadline = time.perf_counter() + self.drain_timeout_s
-        t0 = time.perf_counter()
-        idle = False
-        while time.perf_counter() < deadline:
-            if vllm.requests_in_flight() == 0:
-                idle = True
-                break
-            time.sleep(0.02)
-        report.steps["drain"] = time.perf_counter() - t0
-        # Bump the epoch before pausing: a request that still slips in is excluded from training.
-        self.set_state(
-            backend.id, bs.PAUSED, f"applying version {plan.new_version}", bump_epoch=True
-        )
-        self._step(report, "pause", vllm.pause, "wait" if idle else "abort")
+        """Pause the backend in place: out of routing, its requests kept in the engine, and what
+        each has sampled so far stored as the boundary of the pause's epoch."""
+        with boundary.boundary_lock(self.engine, backend.id):
+            epoch = boundary.open_pause(
+                self.db_sessions,
+                backend.id,
+                reason,
+                from_version=from_version,
+                to_version=to_version,
+            )
+            report.pause_epoch = epoch
+            self._step(report, "pause", vllm.pause, "keep")
+            state = self._step(report, "boundary", self._generation_state, vllm, backend)
+            report.held = boundary.store_counts(self.db_sessions, backend.id, epoch, state)
+
+    def _generation_state(self, vllm: VllmControl, backend: Backend) -> dict | None:
+        """The paused backend's requests and their output counts; None when it cannot say
+        (then the requests that cross this pause are recorded, but not trained on)."""
+        try:
+            state = vllm.rpc("rlgw_generation_state")[0]
+        except (ControlError, httpx.HTTPError, LookupError) as exc:
+            self.log(f"[swap] backend {backend.id}: its requests' counts are unknown ({exc})")
+            return None
+        if not isinstance(state, dict) or not state.get("tracking"):
+            self.log(
+                f"[swap] backend {backend.id}: it does not note finished requests (not started "
+                "by rlgw backend?): the requests crossing this pause are not trained on"
+            )
+            return None
+        return state
 
     def _apply(self, vllm: VllmControl, update: WeightUpdate, report: SwapReport) -> None:
         try:
             self._step(report, "apply", update.apply, vllm)
         except ControlError as exc:  # the backend restored the old weights itself
             raise _Undone(str(exc)) from exc
-        self._step(report, "reset_cache", vllm.reset_prefix_cache)
+        # Preempt the requests held: their KV was computed under the old weights, so each is
+        # recomputed on resume, and every later token is sampled from the new version exactly.
+        self._step(report, "reset_cache", vllm.reset_prefix_cache, running=True)
         self._step(report, "resume", vllm.resume)
 
     def _verify_or_roll_back(
@@ -391,7 +459,13 @@ class SwapCoordinator:
                     f"backend reports weight version {reported!r}, not {label!r}",
                     leave_paused=False,
                 )
-            self.set_state(backend.id, bs.ACTIVE, None, served_version=plan.new_version)
+            self.set_state(
+                backend.id,
+                bs.ACTIVE,
+                None,
+                served_version=plan.new_version,
+                closing=(report.pause_epoch, sb.SERVED),
+            )
             report.outcome = "swapped"
             return
         reason = f"parity failed: {verdict.reason}"
@@ -406,7 +480,25 @@ class SwapCoordinator:
         report: SwapReport,
         reason: str,
     ) -> None:
-        vllm.pause("abort")
+        # What the new weights sampled while verified is not trained on (a LoRA request kept its
+        # old adapter: nothing to mark); the requests still running go back to the old weights.
+        if report.pause_epoch is not None:
+            outcome = sb.SERVED if update.kind == "lora" else sb.FAILED
+            with self.db_sessions() as db, db.begin():
+                marked = boundary.close(db, backend.id, report.pause_epoch, outcome)
+            if marked:
+                self.log(
+                    f"[swap] backend {backend.id}: {len(marked)} completion(s) sampled partly "
+                    f"under version {plan.new_version}'s failed weights are not trained on"
+                )
+        self._pause(
+            vllm,
+            backend,
+            report,
+            reason=f"rolling back version {plan.new_version}: {reason}",
+            from_version=None,
+            to_version=backend.served_version,
+        )
         try:
             update.rollback(vllm)
         except ControlError as exc:
@@ -425,7 +517,7 @@ class SwapCoordinator:
         outcome: str,
     ) -> None:
         """The old weights are back in place: verify them, then return the backend to routing."""
-        vllm.reset_prefix_cache()
+        vllm.reset_prefix_cache(running=True)
         vllm.resume()
         if plan.reference_old is None:
             raise SwapFailed(
@@ -440,7 +532,11 @@ class SwapCoordinator:
             )
         self.noise.record(backend.url, old_diff)
         self.set_state(
-            backend.id, bs.ACTIVE, f"{reason}; kept version {backend.served_version} (verified)"
+            backend.id,
+            bs.ACTIVE,
+            f"{reason}; kept version {backend.served_version} (verified)",
+            closing=(report.pause_epoch, sb.SERVED),
+            kept_version=backend.served_version,
         )
         report.outcome, report.reason = outcome, reason
 
@@ -450,6 +546,22 @@ class _Undone(SwapFailed):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"apply undone: {reason}", leave_paused=False)
+
+
+def _led_to(update: WeightUpdate, backend: Backend, plan: SwapPlan) -> int | None:
+    """The version a request held by the pause continues on: the new one, except under a LoRA
+    update, where a request keeps the adapter it was sent to (the new version is another name)."""
+    return backend.served_version if update.kind == "lora" else plan.new_version
+
+
+def _end_kept_requests(vllm: VllmControl, *, resume: bool) -> None:
+    """After a failed swap: resume (the requests held continue, their later tokens not trained
+    on), or end them where the backend stays paused (they could never continue)."""
+    with contextlib.suppress(ControlError, httpx.HTTPError):  # best effort: it may be gone
+        if resume:
+            vllm.resume()
+        else:
+            vllm.pause("abort")
 
 
 def failed_label(new_version: int) -> str:
