@@ -82,9 +82,14 @@ class RlgwServer:
             raise
         return self
 
-    def register(self, model: str, backend_url: str, timeout_s: float = 30.0) -> None:
-        """`rlgw register`, then wait until the running gateway routes the model."""
+    def register(
+        self, model: str, backend_url: str, timeout_s: float = 30.0, path: Path | None = None
+    ) -> None:
+        """`rlgw register` (with the checkpoint's `path`, which a push needs), then wait until
+        the running gateway routes the model."""
         cmd = [str(RLGW), "register", "--model", model, "--url", backend_url]
+        if path is not None:
+            cmd += ["--path", str(path)]
         done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"rlgw register failed: {done.stderr.strip() or done.stdout}")

@@ -20,6 +20,7 @@ from gateway.recording.recorder import Recorder
 from gateway.recording.store import store_batch
 from migrations.runner import upgrade
 from rlgw.db.engine import make_async_engine
+from rlgw.eligibility import CROSSED_SWAP, NOT_FOLLOWING
 
 
 def record(
@@ -223,5 +224,8 @@ def test_other_batches_take_the_transactional_write():
     assert not implicit_batch.fits([record(), named], settle_first=False)
     assert not implicit_batch.fits([record()], settle_first=True)
     blind = record()
-    blind.swap_doubt = implicit_batch.NOT_FOLLOWING
+    blind.swap_doubt = NOT_FOLLOWING
     assert not implicit_batch.fits([blind], settle_first=False)
+    crossed = record()  # its versions per token are resolved from the swap's boundary first
+    crossed.swap_doubt = CROSSED_SWAP
+    assert not implicit_batch.fits([crossed], settle_first=False)

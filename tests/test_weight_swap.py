@@ -362,6 +362,121 @@ def test_a_swap_holds_running_streams_and_they_continue_on_the_new_weights(stack
     assert crossed > 0  # the pause held them mid-answer
 
 
+def _answer_400(base: str, streamed: bool, out: dict, key: int) -> None:
+    """One 400-token answer at temperature 1, streamed or whole: its id(s) and finish in `out`."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": f"Answer {key}, at length."}],
+        "max_tokens": 400,
+        "temperature": 1.0,
+        "extra_body": {"ignore_eos": True},
+    }
+    try:
+        if streamed:
+            ids, finish = set(), None
+            for chunk in client.chat.completions.create(stream=True, **body):
+                ids.add(chunk.id)
+                finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
+            out[key] = (ids, finish)
+        else:
+            reply = client.chat.completions.create(**body)
+            out[key] = ({reply.id}, reply.choices[0].finish_reason)
+    except Exception as exc:  # asserted on by the test
+        out[key] = (set(), repr(exc))
+
+
+def test_a_swap_during_8_streamed_and_8_whole_answers_of_400_tokens_loses_none(stack, tmp_path):
+    """The issue's fault case: 8 streamed and 8 whole answers of 400 tokens are running when the
+    weights change. Each client sees one uninterrupted answer with one id; each record is
+    complete and eligible, every token scored by the version it names (checked against both)."""
+    old = stack.version()
+    stack.stage_gate.unlink()  # the first backend's stage waits: the answers start meanwhile
+    pushed: list = []
+    pusher = threading.Thread(target=lambda: pushed.append(stack.push_delta(31, tmp_path)))
+    pusher.start()
+    answers: dict[int, tuple[set[str], str | None]] = {}
+    try:
+        with stack.admin() as admin:
+            _wait_for(
+                lambda: any(b["state"] != "active" for b in admin.get("/admin/backends").json()),
+                timeout_s=120.0,
+            )
+        clients = [
+            threading.Thread(target=_answer_400, args=(stack.gateway, i < 8, answers, i))
+            for i in range(16)
+        ]
+        for client in clients:
+            client.start()
+        time.sleep(0.5)  # all sent: the release below starts the swaps while they run
+    finally:
+        stack.stage_gate.touch()
+    pusher.join(timeout=300)
+    for client in clients:
+        client.join(timeout=300)
+    (reports,) = pushed
+    assert [r.outcome for r in reports] == ["swapped", "swapped"], [r.reason for r in reports]
+    assert sorted(answers) == list(range(16))
+    for key, (ids, finish) in answers.items():
+        assert len(ids) == 1 and finish == "length", (key, ids, finish)  # one answer, one id
+    ids = {next(iter(ids)) for ids, _ in answers.values()}
+    held = [r for r in records(stack.db_url) if r.id in ids]
+    assert len(held) == 16
+    references = {v: stack.reference(upto=v) for v in (old, old + 1)}
+    crossed = 0
+    for record in held:
+        prompt, output = unpack_ids(record.prompt_token_ids), unpack_ids(record.output_token_ids)
+        assert record.status == "complete" and len(output) == 400
+        assert not record.ineligible_reasons, (record.id, record.ineligible_reasons)
+        versions = record.output_versions or [record.policy_version] * len(output)
+        assert versions == sorted(versions) and set(versions) <= {old, old + 1}
+        served = np.asarray(unpack_logprobs(record.output_logprobs))
+        for version, reference in references.items():
+            at = np.asarray([v == version for v in versions])
+            scored = np.asarray(output_logprobs(reference, prompt, output))
+            assert np.abs(served - scored)[at].max(initial=0.0) <= TOL, (record.id, version)
+        crossed += len(set(versions)) > 1
+    print(f"{crossed} of 16 answers continued across the swap")
+    assert crossed > 0
+
+
+def test_a_client_that_leaves_during_the_continuation_leaves_nothing_behind(stack, tmp_path):
+    """A stream held by a swap and continued on the new weights; its client hangs up: the record
+    is incomplete (never trained on), its tokens so far keep their versions, the backend ends
+    the request, and the next call is served and eligible."""
+    old = stack.version()
+    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Go on."}],
+        max_tokens=1900,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = iter(stream)
+    first = next(chunks)
+    reports = stack.push_delta(seed=41, tmp=tmp_path)
+    assert [r.outcome for r in reports] == ["swapped", "swapped"]
+    for _ in range(40):  # the continuation, on the new weights
+        next(chunks)
+    stream.close()  # the client hangs up
+    for url in stack.backends:
+        _wait_for(lambda u=url: VllmControl(stack.http, u).requests_in_flight() == 0, 60)
+    with stack.admin() as admin:
+        deadline = time.monotonic() + 30
+        while (record := admin.get(f"/admin/completions/{first.id}")).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        record = record.json()
+        assert record["status"] == "incomplete" and "client disconnected" in record["status_reason"]
+        assert record["eligible"] is False
+        after = admin.get(f"/admin/completions/{chat(stack.gateway).id}").json()
+    assert after["eligible"] is True and after["policy_version"] == old + 1
+    (row,) = [r for r in records(stack.db_url) if r.id == first.id]
+    versions = row.output_versions or [row.policy_version] * len(unpack_ids(row.output_token_ids))
+    assert versions[0] == old and versions[-1] == old + 1, versions
+
+
 def _traffic(base: str, stop: threading.Event, outcomes: list, **kwargs) -> None:
     while not stop.is_set():
         started = time.monotonic()

@@ -363,6 +363,8 @@ def test_a_transfer_broken_inside_the_pause_leaves_the_backend_failed(
     assert report.kind == "nccl" and report.fallback is None
     assert report.outcome == "failed" and "WeightsUnknown" in report.reason
     assert state == "failed" and "weights unknown" in reason
-    assert phases(server)[:5] == ["init", "pause", "start", "update", "label"]
+    # The requests the pause held cannot continue on weights that are neither version: ended.
+    assert phases(server)[:6] == ["init", "pause", "start", "update", "pause", "label"]
+    assert [mode for phase, mode in server.calls if phase == "pause"] == ["keep", "abort"]
     assert server.calls[-1] == ("label", failed_label(1))  # an admin resume refuses it
     assert "resume" not in phases(server)  # it stays paused: its weights are neither version

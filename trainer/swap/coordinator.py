@@ -284,8 +284,8 @@ class SwapCoordinator:
                 f"swap to version {plan.new_version} failed: {exc}",
                 closing=(report.pause_epoch, sb.FAILED),
             )
-            _label_failed(vllm, plan)
             _end_kept_requests(vllm, resume=not exc.leave_paused)
+            _label_failed(vllm, plan)
         except (ControlError, httpx.HTTPError, WeightsUnknown) as exc:  # weights unknown
             report.outcome, report.reason = "failed", f"{type(exc).__name__}: {exc}"
             self.set_state(
@@ -294,8 +294,8 @@ class SwapCoordinator:
                 f"swap to version {plan.new_version} failed, weights unknown: {exc}",
                 closing=(report.pause_epoch, sb.FAILED),
             )
-            _label_failed(vllm, plan)
             _end_kept_requests(vllm, resume=False)
+            _label_failed(vllm, plan)
         finally:
             report.out_of_routing_s = time.perf_counter() - t_out
             report.out_of_routing = (mono_out, time.monotonic())
