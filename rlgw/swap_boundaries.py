@@ -105,7 +105,7 @@ def resolve(
     by_epoch = {b.epoch: b for b in boundaries}
     versions: list[int] = []
     version: int | None = lease_version
-    unverified = False
+    unverified = held = False
     for epoch in range(lease_epoch + 1, current_epoch + 1):
         boundary = by_epoch.get(epoch)
         if boundary is None or boundary.outcome == PAUSING or boundary.running is None:
@@ -117,10 +117,11 @@ def resolve(
             upto = min(int(before), n_tokens)
             if upto < len(versions):
                 return Resolved(None, f"the pause at epoch {epoch} counts fewer tokens than before")
-            if (version is None or unverified) and upto > len(versions):
+            if upto > len(versions) and (version is None or unverified):
                 return _UNVERIFIED
             versions += [version] * (upto - len(versions))
-        elif versions:
+            held = True
+        elif held:
             # Held before an earlier pause but unknown to this one: it finished in between and
             # fell out of the backend's memory of finished requests. Cannot tell where it ended.
             return Resolved(None, f"the pause at epoch {epoch} does not know the request")

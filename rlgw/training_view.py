@@ -88,7 +88,12 @@ class TurnOut(BaseModel):
     trained: bool = Field(description="its output carries loss (loss_mask 1)")
     reason: str | None = Field(description="why it is not trained (context only); null: trained")
     advantage: float | None = Field(description="the advantage it is trained with; null: not")
-    policy_version: int | None = Field(description="the version that generated it")
+    policy_version: int | None = Field(description="the version that generated its first token")
+    masked_reason: str | None = Field(
+        default=None,
+        description="why some of its output tokens carry no loss (loss_mask 0) though it is "
+        "trained: tokens a weight swap continued under versions too stale; null: none",
+    )
 
 
 class SequenceOut(BaseModel):
@@ -96,13 +101,21 @@ class SequenceOut(BaseModel):
 
     model: str
     token_ids: list[int] = Field(description="the last turn's prompt and output")
-    loss_mask: list[int] = Field(description="1 on the outputs of trained turns, 0 elsewhere")
+    loss_mask: list[int] = Field(
+        description="1 on the output tokens of trained turns, 0 elsewhere (and on a trained "
+        "turn's tokens of a version too stale: per-token staleness)"
+    )
     logprobs: list[float | None] = Field(
         description="the recorded behaviour log-prob on every output token (trained or not); "
         "null on context"
     )
-    versions: list[int | None] = Field(description="the generating version on output tokens")
-    advantages: list[float] = Field(description="each trained output's advantage; 0 elsewhere")
+    versions: list[int | None] = Field(
+        description="each output token's generating version (a turn a weight swap continued "
+        "holds several); null on context"
+    )
+    advantages: list[float] = Field(
+        description="each trained output token's advantage; 0 where loss_mask is 0"
+    )
     cuts: list[CutOut] = Field(description="why it begins a sequence rather than extend one")
     turns: list[TurnOut]
     trains: bool = Field(description="it has a trained turn (the update trains it)")
@@ -222,6 +235,7 @@ def _sequence(model: str, sequence: TrainingSequence) -> SequenceOut:
                 reason=t.verdict.reason,
                 advantage=t.verdict.advantage if t.trained else None,
                 policy_version=t.step.policy_version,
+                masked_reason=t.verdict.masked_reason,
             )
             for t in sequence.turns
         ],

@@ -31,6 +31,22 @@ from rlgw.siblings import sibling_advantages  # re-exported: the pure half lives
 # not say (sessions.sibling_normalization is null).
 DEFAULT_SIBLING_NORMALIZATION = "mean_std"
 
+OUTPUT_VERSIONS = (
+    "the policy version of each output token (a weight swap may pause a request and continue it "
+    "on the new weights: the first tokens at the old version, the rest at the new); null when "
+    "policy_version is"
+)
+
+
+def stored_output_versions(c: Completion) -> list[int] | None:
+    """One version per output token of a stored completion: its `output_versions`, or its
+    `policy_version` on every token where the column is null; None when policy_version is."""
+    if c.policy_version is None:
+        return None
+    if c.output_versions is not None:
+        return list(c.output_versions)
+    return [c.policy_version] * len(unpack_ids(c.output_token_ids))
+
 
 class RewardOut(BaseModel):
     id: int
@@ -86,7 +102,11 @@ class Step(Eligibility):
         description="the model that generated it (a session may call several); a trainer "
         "trains each model on its own completions only",
     )
-    policy_version: int | None
+    policy_version: int | None = Field(description="the version of its first output token")
+    output_versions: list[int] | None = Field(
+        default=None,
+        description=OUTPUT_VERSIONS,
+    )
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     output_logprobs: list[float]
@@ -223,6 +243,7 @@ def _step(c: Completion, rewards: list[RewardOut]) -> Step:
         api=c.api,
         model=c.model,
         policy_version=c.policy_version,
+        output_versions=stored_output_versions(c),
         prompt_token_ids=unpack_ids(c.prompt_token_ids),
         output_token_ids=unpack_ids(c.output_token_ids),
         output_logprobs=unpack_logprobs(c.output_logprobs),

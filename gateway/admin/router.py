@@ -10,7 +10,7 @@ from pydantic import Field
 
 from rlgw.db.models import Completion
 from rlgw.db.token_arrays import unpack_ids, unpack_logprobs
-from rlgw.trajectory import RecordVerdict
+from rlgw.trajectory import OUTPUT_VERSIONS, RecordVerdict, stored_output_versions
 
 from ..deps import AdminDep, DbDep
 from ..errors import APIError
@@ -29,7 +29,8 @@ class CompletionPublic(RecordVerdict):
     prompt_token_ids: list[int] | None
     output_token_ids: list[int]
     output_logprobs: list[float]
-    policy_version: int | None
+    policy_version: int | None = Field(description="the version of its first output token")
+    output_versions: list[int] | None = Field(description=OUTPUT_VERSIONS)
     backend: int | None
     finish_reason: str | None
     status: str
@@ -63,6 +64,7 @@ class CompletionPublic(RecordVerdict):
             output_token_ids=unpack_ids(row.output_token_ids),
             output_logprobs=unpack_logprobs(row.output_logprobs),
             policy_version=row.policy_version,
+            output_versions=stored_output_versions(row),
             backend=row.backend_id,
             finish_reason=row.finish_reason,
             status=row.status,

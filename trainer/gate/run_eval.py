@@ -147,16 +147,16 @@ class GatewayEval:
             time.sleep(0.5)
 
     def _check_served(self, result: EvalResult, version: int) -> None:
-        """Every evaluation completion was served by `version` (the pin held)."""
+        """Every evaluation completion was served by `version` (the pin held), every output token
+        of it (a swap that continued an answer on other weights shows in its output_versions)."""
         with self.db_sessions() as db:
-            served = set(
-                db.scalars(
-                    select(Completion.policy_version).where(
-                        Completion.session_id.in_(result.session_ids),
-                        Completion.status == "complete",
-                    )
+            rows = db.execute(
+                select(Completion.policy_version, Completion.output_versions).where(
+                    Completion.session_id.in_(result.session_ids),
+                    Completion.status == "complete",
                 )
-            )
+            ).all()
+        served = {v for first, per_token in rows for v in (per_token or [first])}
         if served != {version}:
             raise GateError(
                 f"evaluation answers came from versions {sorted(served)}, not {version}"

@@ -38,7 +38,7 @@ def record_ledger(
             tenant=tenant.get(s.session_id),
             agent_key_id=key.get(s.session_id),
             used=True,
-            tokens=len(s.output_ids),
+            tokens=s.trained_tokens,  # the output tokens that carried loss
             advantage=s.advantage,
         )
         for s in samples

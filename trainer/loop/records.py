@@ -27,6 +27,8 @@ class RecordedStep:
     model: str | None = None  # absent from exports made before steps named their model
     finish_reason: str | None = None  # "length": cut by max_tokens (TrainerConfig.overlong)
     sampling: dict[str, Any] | None = None
+    # Each output token's version; absent from exports made before it (all at policy_version).
+    output_versions: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,12 @@ def _step(d: Mapping[str, Any]) -> RecordedStep:
         model=d.get("model"),
         finish_reason=d.get("finish_reason"),
         sampling=d.get("sampling"),
+        output_versions=_versions(d.get("output_versions")),
     )
+
+
+def _versions(versions: list[Any] | None) -> list[int] | None:
+    return None if versions is None else [int(v) for v in versions]
 
 
 def trajectory_from_export(d: Mapping[str, Any]) -> RecordedTrajectory:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlgw.sequences import CUT_REASONS, TrainingSequence, build_sequences
+from rlgw.sequences import CUT_REASONS, StepLike, TrainingSequence, build_sequences
 from rlgw.sequences import OVERLONG_MASKED as OVERLONG_MASKED  # re-exported
 
 from ..config import TrainerConfig
@@ -31,7 +31,7 @@ class Sample:
     output_ids: list[int]
     behave_logprobs: list[float]  # recorded when the backend generated output_ids
     advantage: float
-    version: int  # the policy version that generated it
+    version: int  # the policy version that generated it (its first output token)
     # The temperature and masks it was sampled with; None: recorded before they were kept
     # (scored at temperature 1, as then).
     sampling: SamplingSettings | None = None
@@ -39,6 +39,28 @@ class Sample:
     # row of the update, the last one's prompt + output, each scored at its own output's
     # positions. None: a row of its own.
     sequence: str | None = None
+    # Per output token, where a weight swap continued the request on new weights: each token's
+    # version (None: every token at `version`) and whether it carries loss (0: too stale,
+    # rlgw/sequences.py; None: every token does).
+    output_versions: list[int] | None = None
+    loss_mask: list[int] | None = None
+
+    def token_versions(self) -> list[int]:
+        """The version that generated each output token."""
+        return list(self.output_versions or [self.version] * len(self.output_ids))
+
+    def token_mask(self) -> list[int]:
+        """1 on each output token that carries loss."""
+        return list(self.loss_mask or [1] * len(self.output_ids))
+
+    @property
+    def trained_tokens(self) -> int:
+        """How many of its output tokens carry loss."""
+        return len(self.output_ids) if self.loss_mask is None else sum(self.loss_mask)
+
+    def trained_versions(self) -> list[int]:
+        """The versions of the output tokens that carry loss."""
+        return [v for v, m in zip(self.token_versions(), self.token_mask(), strict=True) if m]
 
 
 @dataclass(frozen=True)
@@ -143,9 +165,17 @@ def build_update(
                         step.policy_version,
                         SamplingSettings.from_record(step.sampling),
                         key,
+                        _output_versions(step),
+                        None if verdict.token_mask is None else list(verdict.token_mask),
                     )
                 )
     return built
+
+
+def _output_versions(step: StepLike) -> list[int] | None:
+    """The step's per-token versions where they are not all its policy_version; else None."""
+    versions = step.output_versions
+    return None if versions is None or set(versions) <= {step.policy_version} else list(versions)
 
 
 def build_samples(
@@ -223,10 +253,11 @@ def collate(samples: list[Sample], pad_id: int, stop_ids: tuple[int, ...] = ()) 
         for s in row:
             p, o = len(s.prompt_ids), len(s.output_ids)
             # The output token at position p + j is predicted at target index p + j - 1.
-            mask[i, p - 1 : p + o - 1] = 1
+            trained = torch.tensor(s.token_mask(), dtype=mask.dtype)
+            mask[i, p - 1 : p + o - 1] = trained
             behave[i, p - 1 : p + o - 1] = torch.tensor(s.behave_logprobs)
-            advantages[i, p - 1 : p + o - 1] = s.advantage
-            versions[i, p - 1 : p + o - 1] = s.version
+            advantages[i, p - 1 : p + o - 1] = s.advantage * trained
+            versions[i, p - 1 : p + o - 1] = torch.tensor(s.token_versions(), dtype=torch.long)
             spans[i].append((p - 1, p + o - 1, s.sampling))
     sampling = RowSampling.of(spans, mask.shape, stop_ids)
     return Batch(inputs, attention, inputs[:, 1:], mask, behave, advantages, sampling, versions)

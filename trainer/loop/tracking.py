@@ -64,6 +64,11 @@ class _Trained(Protocol):
     advantage: float
     version: int
 
+    @property
+    def trained_tokens(self) -> int: ...
+    def token_mask(self) -> list[int]: ...
+    def trained_versions(self) -> list[int]: ...
+
 
 class _Rejected(Protocol):
     session_id: str
@@ -116,12 +121,15 @@ def version_scalars(
     (output token ids, log-probs), so what was rejected is measured like what was trained on."""
     scalars = {tag: float(metrics[key]) for key, tag in UPDATE_METRICS.items() if key in metrics}
     advantages = [s.advantage for s in samples]
-    trained_logprobs = [lp for s in samples for lp in s.behave_logprobs]
-    staleness = [version - 1 - s.version for s in samples]  # behind the weights it updated
+    trained_logprobs = [
+        lp for s in samples for lp, m in zip(s.behave_logprobs, s.token_mask(), strict=True) if m
+    ]
+    # behind the weights it updated, by its oldest trained token
+    staleness = [version - 1 - min(s.trained_versions(), default=s.version) for s in samples]
     scalars.update(
         {
             "samples/trained": float(len(samples)),
-            "tokens/trained": float(sum(len(s.output_ids) for s in samples)),
+            "tokens/trained": float(sum(s.trained_tokens for s in samples)),
             "logprob/trained_mean": _mean(trained_logprobs),
             "advantage/mean": _mean(advantages),
             "advantage/std": statistics.pstdev(advantages) if advantages else 0.0,

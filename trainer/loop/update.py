@@ -78,7 +78,7 @@ def plan_update(
     packed = [pack_microbatches(share, config.max_tokens_per_microbatch) for share in shares]
     counts = collectives.all_reduce(torch.tensor([len(p) for p in packed], device=device), "max")
     tokens = collectives.all_reduce(
-        torch.tensor([sum(len(s.output_ids) for s in share) for share in shares], device=device)
+        torch.tensor([sum(s.trained_tokens for s in share) for share in shares], device=device)
     )
     microbatches = [
         [to_device(collate(group, pad_id, stop_ids), device) for group in groups]
@@ -143,7 +143,7 @@ def policy_update(
     planned_steps = min(config.minibatches, rows) * config.epochs  # empty slices: none
     snapshot = TrainingSnapshot(model, optimizer) if planned_steps > 1 else None
     if current_version is None:
-        current_version = max((s.version for s in samples), default=0)
+        current_version = max((v for s in samples for v in s.token_versions()), default=0)
     model.train()  # gradient checkpointing in transformers needs it; dropout is off
     try:
         plan = plan_update(samples, config, pad_id, device, stop_ids)
