@@ -263,3 +263,19 @@ def test_what_a_killed_run_left_behind_is_stopped() -> None:
     assert exit_reason(3) == "exit code 3"
     assert exit_reason(-9) == "killed by SIGKILL (out of memory?)"
     assert exit_reason(-15) == "killed by SIGTERM"
+
+
+def test_the_two_sample_ks_test_tells_same_from_shifted_distributions():
+    import random
+
+    from bench.learning_swaps import ks_two_sample
+
+    rng = random.Random(0)
+    a = [rng.gauss(0, 1) for _ in range(300)]
+    same = [rng.gauss(0, 1) for _ in range(400)]
+    shifted = [rng.gauss(0.4, 1) for _ in range(400)]
+    d_same, p_same = ks_two_sample(a, same)
+    d_shift, p_shift = ks_two_sample(a, shifted)
+    assert p_same > 0.05 and p_shift < 1e-4 and d_shift > d_same
+    assert ks_two_sample([1, 2, 3], [1, 2, 3]) == (0.0, 1.0)
+    assert ks_two_sample([1, 2], [3, 4])[0] == 1.0  # disjoint samples: D = 1
