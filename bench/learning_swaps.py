@@ -8,7 +8,10 @@ Reads a learning benchmark's database (bench/learning.py keeps it) after the run
   evaluations are not rewarded);
 - excluded at a swap: those whose ineligibility names a swap (crossed one, weights that failed
   verification) or that the backend aborted (a drain that timed out);
-- trained: the completions the ledger says an update used;
+- trained: the completions the ledger says an update used; claimed: every completion the ledger
+  lists (used, or skipped with a reason such as staleness): the traffic of the same time window
+  (served includes what was generated after the last claim, by a model that kept changing), and
+  served until the newest claimed completion was created;
 - the two-sample Kolmogorov-Smirnov test of output lengths, trained vs served (asymptotic p-value,
   Stephens' small-sample correction), and the versions per token of answers a swap continued.
 The last line printed is the JSON.
@@ -54,24 +57,29 @@ def analyse(database: str, model: str | None) -> dict:
     with psycopg.connect(url) as conn:
         served = conn.execute(
             f"""SELECT c.id, octet_length(c.output_token_ids) / 4, c.status, c.status_reason,
-                       c.ineligible_reasons, c.output_versions IS NOT NULL
+                       c.ineligible_reasons, c.output_versions IS NOT NULL, c.created_at
                 FROM completions c
                 WHERE EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = c.session_id)
                 {where_model}""",
             {"model": model},
         ).fetchall()
-        trained = conn.execute(
-            f"""SELECT octet_length(c.output_token_ids) / 4
+        ledger = conn.execute(
+            f"""SELECT octet_length(c.output_token_ids) / 4, k.used, c.created_at
                 FROM consumption k JOIN completions c ON c.id = k.completion_id
-                WHERE k.used {where_model}""",
+                WHERE true {where_model}""",
             {"model": model},
         ).fetchall()
     lengths = [int(r[1] or 0) for r in served]
-    trained_lengths = [int(r[0] or 0) for r in trained]
+    trained_lengths = [int(r[0] or 0) for r in ledger if r[1]]
+    claimed_lengths = [int(r[0] or 0) for r in ledger]
     excluded = [
         r for r in served if any(w in " ".join([r[3] or "", *(r[4] or [])]) for w in SWAP_WORDS)
     ]
     d, p = ks_two_sample(trained_lengths, lengths)
+    d_claimed, p_claimed = ks_two_sample(trained_lengths, claimed_lengths)
+    last = max((r[2] for r in ledger), default=None)
+    window = [int(r[1] or 0) for r in served if last is not None and r[6] <= last]
+    d_window, p_window = ks_two_sample(trained_lengths, window)
     return {
         "served": len(served),
         "excluded_at_swaps": len(excluded),
@@ -85,6 +93,13 @@ def analyse(database: str, model: str | None) -> dict:
         "ks_d": d,
         "ks_p": p,
         "ks_rejects_at_5pct": bool(p < 0.05) if p == p else None,
+        "claimed": len(claimed_lengths),
+        "claimed_mean_tokens": sum(claimed_lengths) / max(len(claimed_lengths), 1),
+        "ks_trained_vs_claimed_d": d_claimed,
+        "ks_trained_vs_claimed_p": p_claimed,
+        "served_until_last_claimed": len(window),
+        "ks_trained_vs_served_until_last_claimed_d": d_window,
+        "ks_trained_vs_served_until_last_claimed_p": p_window,
     }
 
 

@@ -93,7 +93,15 @@ def one_swap(gw: RlgwServer, settings, model_dir: Path, seed: int, out: Path, to
     )
     record = admin.get(f"/admin/completions/{done['ids'][0]}").json() if done.get("ids") else {}
     versions = record.get("output_versions") or []
+    tokens = {
+        "prompt": record.get("prompt_token_ids") or [],
+        "output": record.get("output_token_ids") or [],
+        "logprobs": record.get("output_logprobs") or [],
+        "versions": versions
+        or [record.get("policy_version")] * len(record.get("output_token_ids") or ()),
+    }
     return {
+        "_tokens": tokens,
         "outcome": report.outcome,
         "out_of_routing_s": report.out_of_routing_s,
         "paused_s": report.paused_s,
@@ -108,6 +116,36 @@ def one_swap(gw: RlgwServer, settings, model_dir: Path, seed: int, out: Path, to
         "eligibility_reason": record.get("eligibility_reason"),
         "versions_runs": _runs(versions),
     }
+
+
+@torch.no_grad()
+def mismatch(model_dir: Path, out: Path, rows: list[dict]) -> None:
+    """Per swap: max |recorded - reference| of the answer's log-probs, over the tokens each
+    version sampled, each scored by a forward pass of that version (transformers, fp32)."""
+    from safetensors.torch import load_file
+
+    from trainer.models.weights import apply_delta, load_reference_model
+
+    model = load_reference_model(model_dir).eval()
+    models = {0: {k: v.clone() for k, v in model.state_dict().items()}}
+    for i in range(len(rows)):  # version i + 1 = version i + delta i
+        apply_delta(model, load_file(str(out / f"delta-{i}.safetensors")))
+        models[i + 1] = {k: v.clone() for k, v in model.state_dict().items()}
+    for row in rows:
+        t = row.pop("_tokens")
+        if not t["output"]:
+            continue
+        ids = torch.tensor([t["prompt"] + t["output"]])
+        positions = torch.arange(len(t["prompt"]) - 1, len(ids[0]) - 1)
+        recorded = torch.tensor(t["logprobs"], dtype=torch.float64)
+        per_version = {}
+        for version in sorted({v for v in t["versions"] if v is not None}):
+            model.load_state_dict(models[version])
+            logits = model(input_ids=ids).logits[0].double()
+            scored = torch.log_softmax(logits, -1)[positions, torch.tensor(t["output"])]
+            at = torch.tensor([v == version for v in t["versions"]])
+            per_version[str(version)] = float((recorded - scored)[at].abs().max())
+        row["max_abs_logprob_diff_by_version"] = per_version
 
 
 def _runs(versions: list[int]) -> list[list[int]]:
@@ -160,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         stop_backend(backend)
+    log("scoring each answer's tokens with the version that sampled them (transformers, fp32)")
+    mismatch(path, out, rows)
     summary = {
         "bench": "swap_inflight",
         "label": args.label,

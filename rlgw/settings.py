@@ -184,8 +184,9 @@ class Settings(HomeSettings):
     drain_timeout_s: float = Field(
         default=30.0,
         gt=0,
-        description="How long a swap waits for a backend's in-flight requests before aborting "
-        "them (aborted requests are recorded incomplete, never trained on).",
+        description="How long the colocated placement's hold waits for the answers in flight "
+        "before training on the cores they use (a swap waits for none: it pauses them in place "
+        "and they continue on the new weights).",
     )
     parity_tolerance: float = Field(
         default=1e-4,
