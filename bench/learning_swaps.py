@@ -55,9 +55,14 @@ def analyse(database: str, model: str | None) -> dict:
     url = database.replace("postgresql+psycopg://", "postgresql://")
     where_model = "AND c.model = %(model)s" if model else ""
     with psycopg.connect(url) as conn:
+        has_versions = conn.execute(  # a database of the code before per-token versions
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_name = 'completions' AND column_name = 'output_versions'"
+        ).fetchone()[0]
+        versioned = "c.output_versions IS NOT NULL" if has_versions else "false"
         served = conn.execute(
             f"""SELECT c.id, octet_length(c.output_token_ids) / 4, c.status, c.status_reason,
-                       c.ineligible_reasons, c.output_versions IS NOT NULL, c.created_at
+                       c.ineligible_reasons, {versioned}, c.created_at
                 FROM completions c
                 WHERE EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = c.session_id)
                 {where_model}""",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psycopg
 import pytest
 
 from bench.processes import start_server, stop_group
@@ -32,6 +33,7 @@ class Up:
     url: str
     log: Path
     admin: httpx.Client
+    db_url: str
 
     def health(self) -> dict:
         return httpx.get(f"{self.url}/healthz", headers={"X-Admin-Key": ADMIN_KEY}).json()
@@ -75,9 +77,10 @@ def up(request, make_database, tmp_path_factory) -> Iterator[Up]:
     home = tmp_path_factory.mktemp(f"up-{placement}")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLGW_")}
+    db_url = make_database()
     env.update(
         RLGW_HOME=str(home),
-        RLGW_DATABASE_URL=make_database(),
+        RLGW_DATABASE_URL=db_url,
         RLGW_AUTH="off",
         RLGW_ADMIN_KEY=ADMIN_KEY,
     )
@@ -94,7 +97,7 @@ def up(request, make_database, tmp_path_factory) -> Iterator[Up]:
     url = f"http://127.0.0.1:{port}"
     admin = httpx.Client(base_url=url, headers={"X-Admin-Key": ADMIN_KEY}, timeout=120)
     try:
-        yield Up(placement, url, log, admin)
+        yield Up(placement, url, log, admin, db_url)
     finally:
         admin.close()
         stop_group(proc, timeout_s=60)
@@ -111,6 +114,13 @@ def test_rewarded_traffic_trains_a_version_that_the_backend_serves(up: Up) -> No
     children = up.health()["children"]
     assert children["trainer"]["running"] and children["vllm"]["running"]
     assert children["trainer"]["restarts"] == 0
+    # The trainer's swap paused the backend in place and counted what it held: the vLLM that
+    # `rlgw up` started notes finished requests (its plugin's hook), so the boundary is whole.
+    with psycopg.connect(up.db_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        boundaries = conn.execute(
+            "SELECT outcome, running IS NOT NULL, finished IS NOT NULL FROM swap_boundaries"
+        ).fetchall()
+    assert boundaries and all(b == ("served", True, True) for b in boundaries), boundaries
 
 
 @pytest.mark.parametrize("up", ["shared"], indirect=True)
