@@ -316,3 +316,37 @@ def test_two_trainer_processes_train_a_lora_version_that_passes_the_swap(env, tr
         reference = publisher.latest()[1]  # the recorded version, rebuilt from its folder
     served = served_scores(httpx.Client(), env.backend, f"{MODEL_NAME}@v{now}")
     assert served.max_abs_diff(reference_scores(reference)) <= TOLERANCE
+
+
+def test_a_lora_swap_with_an_answer_in_flight_keeps_the_backend_alive(env, trained):
+    """A LoRA version is swapped in while 8 long answers run on the served adapter: the swap
+    lets them finish on their adapter (their version) before the parity probe (in the learning
+    benchmark, 24 sessions in flight, a probe batched with them killed vLLM 0.32's CPU engine;
+    this test does not reproduce that crash, it checks the answers and the swap). Each answer
+    is complete and eligible at the old version, the new version serves next."""
+    version = env.backend_row().served_version  # another trainer may have pushed meanwhile
+    client = openai.OpenAI(base_url=f"{env.http.base_url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Go on."}],
+        max_tokens=1500,
+        n=8,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    first = next(iter(stream))
+    for reward in (1.0, 0.0, 0.5, 1.0):
+        env.episode(reward)
+    report = trained.step()
+    assert report is not None and [s.outcome for s in report.swaps] == ["swapped"], [
+        s.reason for s in report.swaps
+    ]
+    finish = [c.finish_reason for part in stream for c in part.choices if c.finish_reason]
+    assert finish == ["length"] * 8
+    for choice in [first.id] + [f"{first.id}-{i}" for i in range(1, 8)]:
+        record = fetch_record(env.admin, choice)
+        assert record["status"] == "complete" and len(record["output_token_ids"]) == 1500
+        assert record["eligible"] is True and record["policy_version"] == version
+        assert set(record["output_versions"]) == {version}
+    _, after = env.complete()
+    assert after["policy_version"] == env.backend_row().served_version > version

@@ -260,6 +260,9 @@ class SwapCoordinator:
         if not report.staged_out_of_routing:
             t_out, mono_out = time.perf_counter(), time.monotonic()
         try:
+            mode = "keep"
+            if update.kind == "lora" and not self._drain(vllm, backend, plan, report):
+                mode = "abort"  # what still runs would share the probe's batch: ended
             self._pause(
                 vllm,
                 backend,
@@ -267,6 +270,7 @@ class SwapCoordinator:
                 reason=f"applying version {plan.new_version}",
                 from_version=backend.served_version,
                 to_version=_led_to(update, backend, plan),
+                mode=mode,
             )
             t_pause = time.perf_counter()
             try:
@@ -389,9 +393,11 @@ class SwapCoordinator:
         reason: str,
         from_version: int | None,
         to_version: int | None,
+        mode: str = "keep",
     ) -> None:
-        """Pause the backend in place: out of routing, its requests kept in the engine, and what
-        each has sampled so far stored as the boundary of the pause's epoch."""
+        """Pause the backend in place: out of routing, its requests kept in the engine (`mode`
+        "abort": ended instead), and what each has sampled so far stored as the boundary of the
+        pause's epoch."""
         with boundary.boundary_lock(self.engine, backend.id):
             epoch = boundary.open_pause(
                 self.db_sessions,
@@ -401,9 +407,30 @@ class SwapCoordinator:
                 to_version=to_version,
             )
             report.pause_epoch = epoch
-            self._step(report, "pause", vllm.pause, "keep")
+            self._step(report, "pause", vllm.pause, mode)
             state = self._step(report, "boundary", self._generation_state, vllm, backend)
             report.held = boundary.store_counts(self.db_sessions, backend.id, epoch, state)
+
+    def _drain(
+        self, vllm: VllmControl, backend: Backend, plan: SwapPlan, report: SwapReport
+    ) -> bool:
+        """Leave routing and wait (up to the drain timeout) until the backend runs nothing;
+        False when requests still run. Only a LoRA swap drains: in the learning benchmark (24
+        sessions in flight), vLLM 0.32's CPU LoRA path killed its engine when the parity probe's
+        prompt log-probs were batched with the held LoRA requests (`bgmv_shrink`: "einsum():
+        subscript b has size 25 ... 54"). A LoRA swap changes no running request's weights (each
+        keeps its adapter), so letting them finish first changes no answer."""
+        self.set_state(backend.id, bs.DRAINING, f"swap to version {plan.new_version}")
+        t0 = time.perf_counter()
+        deadline = t0 + self.drain_timeout_s
+        idle = False
+        while time.perf_counter() < deadline:
+            if vllm.requests_in_flight() == 0:
+                idle = True
+                break
+            time.sleep(0.02)
+        report.steps["drain"] = time.perf_counter() - t0
+        return idle
 
     def _generation_state(self, vllm: VllmControl, backend: Backend) -> dict | None:
         """The paused backend's requests and their output counts; None when it cannot say
