@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from bench.multiturn import model_path  # noqa: E402
 from bench.processes import log  # noqa: E402
 from bench.rlgw_process import RlgwServer  # noqa: E402
+from rlgw.swap_boundaries import runs  # noqa: E402
 
 MODEL_NAME = "inflight"
 CHANGED = "model.layers.0.mlp.down_proj.weight"  # the one matrix each delta changes
@@ -114,7 +115,7 @@ def one_swap(gw: RlgwServer, settings, model_dir: Path, seed: int, out: Path, to
         "output_tokens": len(record.get("output_token_ids") or ()),
         "eligible": record.get("eligible"),
         "eligibility_reason": record.get("eligibility_reason"),
-        "versions_runs": _runs(versions),
+        "versions_runs": runs(versions),
     }
 
 
@@ -146,16 +147,6 @@ def mismatch(model_dir: Path, out: Path, rows: list[dict]) -> None:
             at = torch.tensor([v == version for v in t["versions"]])
             per_version[str(version)] = float((recorded - scored)[at].abs().max())
         row["max_abs_logprob_diff_by_version"] = per_version
-
-
-def _runs(versions: list[int]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for v in versions:
-        if out and out[-1][0] == v:
-            out[-1][1] += 1
-        else:
-            out.append([v, 1])
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

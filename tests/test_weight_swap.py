@@ -170,6 +170,22 @@ def records(db_url: str) -> list[Completion]:
     return rows
 
 
+def _held_stream(stack: Stack):
+    """HELD_CHOICES streamed choices of 1,900 tokens at temperature 1, started and left unread
+    (its events outgrow the sockets' buffers): the stream and its first chunk."""
+    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Go on."}],
+        max_tokens=1900,
+        n=HELD_CHOICES,
+        temperature=1.0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    return stream, next(iter(stream))
+
+
 def test_pushed_delta_is_served_exactly_and_new_completions_carry_it(stack, tmp_path):
     reports = stack.push_delta(seed=1, tmp=tmp_path)
     assert [r.outcome for r in reports] == ["swapped", "swapped"], [r.reason for r in reports]
@@ -258,17 +274,7 @@ def test_a_swap_that_cannot_verify_the_old_weights_leaves_the_backend_failed(sta
     )
     path = write_delta(random_delta(stack.model_dir, seed=13), tmp_path / "d.safetensors")
     coordinator, plan = stack.next_version(path, reference_new=wrong_new, reference_old=wrong_old)
-    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
-    stream = client.chat.completions.create(  # unread, its events outgrow the sockets' buffers
-        model=MODEL_NAME,
-        messages=[{"role": "user", "content": "Go on."}],
-        max_tokens=1900,
-        n=HELD_CHOICES,
-        temperature=1.0,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    first = next(iter(stream))
+    stream, first = _held_stream(stack)
     with stack.admin() as admin:  # the gateway's own count of requests it has on each backend
         (busy,) = [b["id"] for b in admin.get("/admin/backends").json() if b["in_flight_here"]]
     (backend,) = [b for b in coordinator.backends(plan.model_id) if b.id == busy]
@@ -320,17 +326,7 @@ def test_a_swap_holds_running_streams_and_they_continue_on_the_new_weights(stack
     scored by the old version, the rest by the new one, each exactly (the continuation's prefix
     is recomputed under the new weights, not read from a cache the old weights computed)."""
     old = stack.version()
-    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
-    stream = client.chat.completions.create(  # unread, its events outgrow the sockets' buffers
-        model=MODEL_NAME,
-        messages=[{"role": "user", "content": "Go on."}],
-        max_tokens=1900,
-        n=HELD_CHOICES,
-        temperature=1.0,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    first = next(iter(stream))
+    stream, first = _held_stream(stack)
     reports = stack.push_delta(seed=21, tmp=tmp_path)
     assert [r.outcome for r in reports] == ["swapped", "swapped"], [r.reason for r in reports]
     assert sum(r.held or 0 for r in reports) >= HELD_CHOICES  # the backend said what it held

@@ -171,19 +171,22 @@ class SwapCoordinator:
         with self.db_sessions() as db, db.begin():
             db.execute(bs.set_state(backend_id, state, reason, **kw))
             if closing is not None and closing[0] is not None:
-                marked = boundary.close(
-                    db, backend_id, closing[0], closing[1], to_version=kept_version
+                self._log_marked(
+                    backend_id,
+                    boundary.close(db, backend_id, closing[0], closing[1], to_version=kept_version),
                 )
-                if marked:
-                    self.log(
-                        f"[swap] backend {backend_id}: {len(marked)} completion(s) sampled partly "
-                        "under weights that failed verification are not trained on"
-                    )
             db.execute(bs.NOTIFY, bs.notify_args(backend_id))
 
     def backends(self, model_id: int) -> list[Backend]:
         with self.db_sessions() as db:
             return list(db.scalars(bs.backends_of(model_id)))
+
+    def _log_marked(self, backend_id: int, marked: list[str]) -> None:
+        if marked:
+            self.log(
+                f"[swap] backend {backend_id}: {len(marked)} completion(s) sampled partly under "
+                "weights that failed verification are not trained on"
+            )
 
     # ---------------------------------------------------------------- protocol
     def push(self, plan: SwapPlan) -> list[SwapReport]:
@@ -512,11 +515,8 @@ class SwapCoordinator:
         if report.pause_epoch is not None:
             outcome = sb.SERVED if update.kind == "lora" else sb.FAILED
             with self.db_sessions() as db, db.begin():
-                marked = boundary.close(db, backend.id, report.pause_epoch, outcome)
-            if marked:
-                self.log(
-                    f"[swap] backend {backend.id}: {len(marked)} completion(s) sampled partly "
-                    f"under version {plan.new_version}'s failed weights are not trained on"
+                self._log_marked(
+                    backend.id, boundary.close(db, backend.id, report.pause_epoch, outcome)
                 )
         self._pause(
             vllm,
