@@ -437,40 +437,45 @@ def test_a_swap_during_8_streamed_and_8_whole_answers_of_400_tokens_loses_none(s
 
 
 def test_a_client_that_leaves_during_the_continuation_leaves_nothing_behind(stack, tmp_path):
-    """A stream held by a swap and continued on the new weights; its client hangs up: the record
-    is incomplete (never trained on), its tokens so far keep their versions, the backend ends
-    the request, and the next call is served and eligible."""
+    """A stream held by a swap and continued on the new weights; its client hangs up: its records
+    are incomplete (never trained on), their tokens so far keep their versions, the backend ends
+    the requests, and the next call is served and eligible."""
     old = stack.version()
-    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
-    stream = client.chat.completions.create(
-        model=MODEL_NAME,
-        messages=[{"role": "user", "content": "Go on."}],
-        max_tokens=1900,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
+    # 16 choices of 1,900 tokens: seconds of work, so the pause holds them (a single choice of
+    # this tiny model can finish, into the sockets' buffers, before the push pauses the backend).
+    stream, first = _held_stream(stack)
     chunks = iter(stream)
-    first = next(chunks)
     reports = stack.push_delta(seed=41, tmp=tmp_path)
     assert [r.outcome for r in reports] == ["swapped", "swapped"]
+    assert sum(r.held or 0 for r in reports) >= HELD_CHOICES  # held mid-answer, not finished
     for _ in range(40):  # the continuation, on the new weights
         next(chunks)
     stream.close()  # the client hangs up
     for url in stack.backends:
         _wait_for(lambda u=url: VllmControl(stack.http, u).requests_in_flight() == 0, 60)
+    ids = [first.id] + [f"{first.id}-{i}" for i in range(1, HELD_CHOICES)]
     with stack.admin() as admin:
         deadline = time.monotonic() + 30
-        while (record := admin.get(f"/admin/completions/{first.id}")).status_code != 200:
+        while any(admin.get(f"/admin/completions/{i}").status_code != 200 for i in ids):
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        record = record.json()
-        assert record["status"] == "incomplete" and "client disconnected" in record["status_reason"]
-        assert record["eligible"] is False
+        for i in ids:
+            record = admin.get(f"/admin/completions/{i}").json()
+            assert record["status"] == "incomplete", record["id"]
+            assert "client disconnected" in record["status_reason"], record["status_reason"]
+            assert record["eligible"] is False
         after = admin.get(f"/admin/completions/{chat(stack.gateway).id}").json()
     assert after["eligible"] is True and after["policy_version"] == old + 1
-    (row,) = [r for r in records(stack.db_url) if r.id == first.id]
-    versions = row.output_versions or [row.policy_version] * len(unpack_ids(row.output_token_ids))
-    assert versions[0] == old and versions[-1] == old + 1, versions
+    rows = [r for r in records(stack.db_url) if r.id in ids]
+    crossed = 0
+    for row in rows:
+        output = unpack_ids(row.output_token_ids)
+        assert len(output) < 1900, row.id  # cut short by the hang-up
+        versions = row.output_versions or [row.policy_version] * len(output)
+        assert len(versions) == len(output) and versions == sorted(versions), row.id
+        assert set(versions) <= {old, old + 1}
+        crossed += versions[0] == old and versions[-1] == old + 1
+    assert crossed > 0  # tokens before the pause keep the old version, the rest the new one
 
 
 def _traffic(base: str, stop: threading.Event, outcomes: list, **kwargs) -> None:
