@@ -277,12 +277,15 @@ class DemoRun:
 
     def _train_until_stopped(self, trainer) -> None:
         while not self.stop.is_set():
-            if self._train_once(trainer) is None:
+            if self._train_once(trainer.advance) is None and trainer.inflight is None:
                 time.sleep(0.2)
+        self._train_once(trainer.finish)  # the version still in flight, if any
         self.training_s = time.monotonic() - self.t0
 
-    def _train_once(self, trainer):
-        report = trainer.step()
+    def _train_once(self, advance):
+        """One call of the trainer's `advance` (an update, its version published in the
+        background) or `finish`; a version it finished is kept for the throughput figures."""
+        report = advance()
         if report is not None and report.version is not None:
             self.updates.append(report.metrics)
         return report

@@ -89,6 +89,9 @@ class TrainerConfig:
     lora_targets: tuple[str, ...] | None = None  # module names; None: peft's for the family
     # weight sync
     anchor_every: int = 10  # every N-th version ships full weights instead of a delta
+    # record and push a version in the background while the next update computes (at most one
+    # in flight); never colocated, gated or with native transfer (docs/training.md)
+    overlap_publish: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

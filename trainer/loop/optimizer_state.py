@@ -7,6 +7,7 @@ records its layout; one written in the other layout is not loaded (the moments s
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -71,6 +72,18 @@ def load_state(path: Path, version: int, *, keyed_by: str = INDEX) -> tuple[dict
         f"saved optimizer state is of version {latest['version']}, not {version} (a push or a "
         f"rollback since, or a stop between a commit and its save): {FRESH}"
     )
+
+
+def frozen_moments(optimizer: torch.optim.Optimizer) -> dict:
+    """A copy of the optimizer's state_dict that its next step leaves as it is."""
+    state = optimizer.state_dict()
+    return {
+        "state": {
+            index: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+            for index, entry in state["state"].items()
+        },
+        "param_groups": copy.deepcopy(state["param_groups"]),
+    }
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, path: Path, version: int) -> None:

@@ -39,7 +39,15 @@ from .distributed import (
     shard_model,
     unwrap,
 )
-from .optimizer_state import NAME, load_state, restore_optimizer, save_optimizer, save_state
+from .optimizer_state import (
+    INDEX,
+    NAME,
+    frozen_moments,
+    load_state,
+    restore_optimizer,
+    save_optimizer,
+    save_state,
+)
 from .samples import Sample
 from .sampling_processing import eos_ids
 from .update import policy_update
@@ -160,14 +168,25 @@ class Policy:
             return None
         return full_optimizer_state(self.training, self.optimizer)
 
+    def freeze_moments(self, gathered: dict | None) -> dict | None:
+        """The optimizer state as `gather_moments` returned it, copied where it is the live
+        optimizer's (one process, or replicated: rank 0's), so that the next update's steps leave
+        it as it is until `save_moments` writes it (a version published in the background)."""
+        if self.sharded or not is_rank0():
+            return gathered  # sharded: a gathered copy already
+        return frozen_moments(self.optimizer)
+
     def save_moments(self, gathered: dict | None, path: Path, version: int) -> None:
-        """Save the optimizer state reached by `version`, as `gather_moments` returned it
-        (rank 0 writes; the others do nothing)."""
+        """Save the optimizer state reached by `version`, as `gather_moments` (or
+        `freeze_moments`) returned it (rank 0 writes; the others do nothing)."""
         if self.sharded:
             if is_rank0():
                 save_state(gathered, path, version, keyed_by=NAME)
         elif is_rank0():  # one process, or replicated: rank 0's optimizer is everybody's
-            save_optimizer(self.optimizer, path, version)
+            if gathered is not None:  # frozen by freeze_moments
+                save_state(gathered, path, version, keyed_by=INDEX)
+            else:
+                save_optimizer(self.optimizer, path, version)
 
     def restore_moments(self, path: Path, version: int) -> str:
         """Restore the moments saved for `version`, if any (a collective when distributed)."""

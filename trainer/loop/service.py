@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -45,16 +46,18 @@ from ..errors import VersionConflict, database_errors
 from ..gate.governor import Governor
 from ..models.lora import with_adapter
 from ..models.weights import state_dict
-from ..publishing.publish import Publisher, swap_metrics
-from ..publishing.versions import materialize, settle_mode
+from ..publishing.publish import Published, Publisher, swap_metrics
+from ..publishing.versions import latest_version, materialize, settle_mode
 from ..swap.coordinator import SwapReport
 from ..swap.hold import GenerationHold, NoHold
+from ..weight_update.files import FullFile
 from . import collectives
 from .advantages import NON_FINITE, session_advantages
 from .claims import Claim, TrainerInstance, claim_sessions, held, release_dead_claims, unclaim
 from .device import slow_bf16_warning
 from .distributed import init_distributed, is_rank0
 from .finite import finite_metrics
+from .inflight import FrozenAdapter, InFlight, PendingVersion
 from .leases import ClaimLost, Heartbeat, check_held
 from .ledger import record_ledger
 from .optimizer_state import state_path
@@ -109,6 +112,7 @@ class OnlineTrainer:
         self.dist = init_distributed(config.device, settings.dist_timeout_s)
         self.rank0 = is_rank0()
         self.version, reference, base_path = 0, None, None
+        self.inflight: InFlight | None = None  # a version being published in the background
         if self.rank0:
             self.db_sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
             with database_errors():
@@ -229,7 +233,7 @@ class OnlineTrainer:
             return None
         with clock.phase("load"), self.db_sessions() as db:
             trajectories = [load_trajectory(db, sid, now) for sid in claim.session_ids]
-            depths = lineage(db, self.publisher.model.id, self.version)
+            depths = self._lineage(db)
             loaded = [t for t in trajectories if t]
             means = (
                 task_means(db, self.publisher.model.id, [t.task_id for t in loaded if t.task_id])
@@ -289,6 +293,15 @@ class OnlineTrainer:
         claim.dropped.update(dropped)
         return claim, trajectories, samples, skips, fractions, cuts
 
+    def _lineage(self, db: Session) -> dict[int, int]:
+        """The trainer's version and its ancestors, by distance (the staleness bound's ruler);
+        a version still in flight is counted as recorded on its parent."""
+        if self.inflight is None:
+            return lineage(db, self.publisher.model.id, self.version)
+        parent = self.inflight.outcome.pending.parent
+        ancestors = lineage(db, self.publisher.model.id, parent)
+        return {self.version: 0, **{v: d + 1 for v, d in ancestors.items()}}
+
     def _lost(self, lost: ClaimLost, session_ids: list[str]) -> None:
         """The update's claim was lost before its commit (its lease passed: this trainer was
         stopped or cut off longer than RLGW_CLAIM_LEASE_S, and another may have trained those
@@ -339,15 +352,52 @@ class OnlineTrainer:
         return command != "stop"
 
     def step(self) -> StepReport | None:
-        """Rank 0: one update if enough data is eligible; None otherwise."""
-        # governance: rollbacks asked for, a moved head
-        if not self.governor.tick():  # rollbacks asked for; a canary still being judged
-            self._tell("idle")
-            return None
+        """Rank 0: one update if enough data is eligible, its version recorded and pushed before
+        this returns; None otherwise."""
+        return self._advance(overlap=False)
+
+    def _govern(self) -> bool:
+        """Before an update: the rollbacks asked for, a canary settled (False while a candidate
+        is still being judged: no update now), and a moved head followed (a rollback, a
+        rejected candidate: the trainer continues from it)."""
+        if not self.governor.tick():
+            return False
         with self.db_sessions() as db:
             head = head_version(db, self.publisher.model.id)
-        if head != self.version:  # a rollback, or a rejected candidate
+        if head != self.version:
             self._continue_from(head)
+        return True
+
+    def _overlaps(self) -> bool:
+        """Whether a version may be published in the background while the next update computes
+        (`overlap_publish`): not where generation is paused for updates (colocated), not on a
+        gated model (the next update waits for the verdict), not with vLLM's native transfer
+        (it reads the live model)."""
+        return (
+            self.config.overlap_publish
+            and not self.placement.pauses_generation
+            and self.publisher.native is None
+            and not self.publisher.gated()
+        )
+
+    def advance(self) -> StepReport | None:
+        """Rank 0: `step`, with the version published in the background where `_overlaps`
+        allows: returns the report of a version finished meanwhile, if any (`finish` waits for
+        the one still in flight)."""
+        return self._advance(overlap=self._overlaps())
+
+    def finish(self) -> StepReport | None:
+        """Rank 0: the version in flight, recorded and pushed: its report (None if none was in
+        flight, or it could not be recorded)."""
+        return self._finish()[0]
+
+    def _advance(self, overlap: bool) -> StepReport | None:
+        """One update. With `overlap`, its version is recorded and pushed in the background
+        (trainer/loop/inflight.py) while the next call claims and computes, and a call returns
+        the report of the version it saw finished (the one in flight before it), if any."""
+        if self.inflight is None and not self._govern():
+            self._tell("idle")
+            return None
         # claim sessions and build their samples
         t0 = time.perf_counter()
         now = datetime.now(UTC)
@@ -355,9 +405,11 @@ class OnlineTrainer:
         claimed = self._claim(now, clock)
         if not isinstance(claimed, tuple):
             self._tell("idle")
-            return claimed
+            finished, _ = self._finish()  # nothing to train: the version in flight, if any
+            return finished if finished is not None else claimed
         claim, trajectories, samples, skips, fractions, cuts = claimed
-        self.governor.baseline(self.version)  # the promoted version's score, while it serves
+        if self.inflight is None:
+            self.governor.baseline(self.version)  # the promoted version's score, while it serves
         with self._update_window() as window:
             # update the policy (every rank)
             self._tell("train", (samples, self.version))
@@ -365,12 +417,15 @@ class OnlineTrainer:
             try:
                 metrics = self.policy.update(samples, self.version)
             except UpdateOutOfMemory:
+                self._finish()
                 with self.db_sessions() as db, db.begin():
                     # back to the queue, for a smaller setting
                     unclaim(db, claim.session_ids, self.instance.id)
                 raise
             except NonFiniteUpdate as err:
-                return self._skip_update(err, claim, samples, skips)
+                finished, _ = self._finish()
+                skipped = self._skip_update(err, claim, samples, skips)
+                return finished if finished is not None else skipped
             clock.take_update(metrics)  # its proximal, forward_backward, optimizer seconds
             with clock.phase("gather"):
                 weights = self.policy.weights()  # the reference (self.model) holds them now
@@ -380,10 +435,17 @@ class OnlineTrainer:
             metrics["train_s"] = time.perf_counter() - t0
             metrics["skipped_frac"] = fractions  # of the claimed completions, by reason kind
             metrics["cuts"] = cuts  # the update's sequences, by the cut that begins each
+            finished = None
+            if self.inflight is not None:  # the version this update was built on
+                finished, recorded = self._finish()
+                base = self.version
+                if not recorded or not self._govern() or self.version != base:
+                    # not recorded (the trainer is back on the head), a canary being judged,
+                    # or a moved head (followed): this update was built on no head
+                    self._discard(claim.session_ids, reload=recorded and self.version == base)
+                    return finished
             test_hooks.crash_point("crash-before-commit")
             test_hooks.commit_delay()
-
-            # record the version and its ledger in one transaction
             with clock.phase("delta"):
                 payload, kind = version_payload(
                     self.policy.lora is not None,
@@ -393,41 +455,38 @@ class OnlineTrainer:
                     self.version + 1,
                     self.config.anchor_every,
                 )
-            try:
-                published = self.publisher.record(
-                    self.version,
-                    payload,
-                    kind,
-                    # No NaN or inf reaches the database (JSON has none; Postgres refuses them)
-                    metrics=finite_metrics({**metrics, "config": self.config.as_dict()}),
-                    rows=lambda db, version: record_ledger(
-                        db, self.publisher.model.id, version, samples, skips, claim.session_ids
-                    ),
-                    guard=lambda db: check_held(db, claim.session_ids, self.instance.id),
-                )
-            except ClaimLost as lost:
-                self._lost(lost, claim.session_ids)
-                return None
-            except VersionConflict:
-                with self.db_sessions() as db, db.begin():
-                    # back to the queue, for a trainer on the latest
-                    unclaim(db, claim.session_ids, self.instance.id)
-                with self.db_sessions() as db:
-                    if not rolled_back_since(db, self.model_name, now):
-                        raise
-                self.log("[train] a rollback moved the model meanwhile: this update is dropped")
-                return None
-            metrics["bytes"] = published.update.nbytes
-            for name, seconds in published.timings.items():  # write, checksum, commit
-                clock.add(name, seconds)
-            self.policy.save_moments(moments, self.optimizer_path, published.version)
-            test_hooks.crash_point("crash-after-commit")
+            pending = PendingVersion(
+                parent=self.version,
+                payload=payload,
+                kind=kind,
+                metrics=metrics,
+                session_ids=claim.session_ids,
+                ledger=lambda db, version: record_ledger(
+                    db, self.publisher.model.id, version, samples, skips, claim.session_ids
+                ),
+                moments=moments,
+                weights=self.model,
+                reference_old=before,
+                clock=clock,
+                started=t0,
+                claimed_at=now,
+                report_args=(claim, trajectories, samples, skips),
+            )
+            if overlap:
+                self._launch(pending)
+                return finished
 
-            # push it to every backend
-            self.version = published.version
-            self._remember_served()
-            window.wake()
-            swaps = self.publisher.push(published, self.model, reference_old=before)
+            # record the version and its ledger in one transaction, then push it
+            def committed(published: Published) -> None:
+                self.version = published.version
+                self._remember_served()
+                window.wake()
+
+            try:
+                published, swaps = self._publish(pending, committed)
+            except (ClaimLost, VersionConflict) as error:
+                self._not_recorded(error, pending)
+                return None
         # a gated model: the gate judges the candidate before it serves all traffic
         if published.candidate:
             verdict = self.governor.judge(published, self.model, before)
@@ -438,11 +497,111 @@ class OnlineTrainer:
         if window.report is not None:
             metrics["hold_s"] = window.report.held_s
             metrics["hold_drain_s"] = window.report.drain_s
-        # report
+        return self._published(pending, published, swaps)
+
+    def _publish(
+        self, pending: PendingVersion, committed: Callable[[Published], None] | None = None
+    ) -> tuple[Published, list[SwapReport]]:
+        """Record `pending` with its ledger in one transaction, save the AdamW moments it
+        reached, then push it to every backend: on the trainer's thread, or in the background
+        (`committed(published)` runs between the commit and the push)."""
+        published = self.publisher.record(
+            pending.parent,
+            pending.payload,
+            pending.kind,
+            # No NaN or inf reaches the database (JSON has none; Postgres refuses them)
+            metrics=finite_metrics({**pending.metrics, "config": self.config.as_dict()}),
+            rows=pending.ledger,
+            guard=lambda db: check_held(db, pending.session_ids, self.instance.id),
+        )
+        pending.metrics["bytes"] = published.update.nbytes
+        for name, seconds in published.timings.items():  # write, checksum, commit
+            pending.clock.add(name, seconds)
+        self.policy.save_moments(pending.moments, self.optimizer_path, published.version)
+        test_hooks.crash_point("crash-after-commit")
+        if committed is not None:
+            committed(published)
+        swaps = self.publisher.push(
+            published,
+            pending.weights,
+            reference_old=pending.reference_old,
+            reference_new=pending.reference_new,
+        )
+        return published, swaps
+
+    def _launch(self, pending: PendingVersion) -> None:
+        """Publish `pending` in the background. Everything it holds is made its own first (the
+        next update changes the model and the optimizer in place), and the trainer takes on the
+        version it will be: the next update's samples are judged against it."""
+        lora = self.policy.lora is not None
+        pending.reference_new = reference_scores(self.model)
+        pending.moments = self.policy.freeze_moments(pending.moments)
+        with self.db_sessions() as db:
+            pending.expected = latest_version(db, self.publisher.model.id) + 1
+        self.version = pending.expected
+        self._remember_served()  # a copy of its weights, which the next delta is taken against
+        pending.weights = self.served
+        if lora:
+            pending.payload = FrozenAdapter(self.model)
+        elif pending.kind is FullFile:
+            pending.payload = self.served
+        self.inflight = InFlight(pending, self._publish)
+
+    def _finish(self) -> tuple[StepReport | None, bool]:
+        """Wait for the version in flight: (its report, True) once it is recorded and pushed;
+        (None, False) if it was not recorded (the trainer is then back on the head's weights)
+        or none was in flight."""
+        if self.inflight is None:
+            return None, False
+        outcome, self.inflight = self.inflight.join(), None
+        if isinstance(outcome.error, ClaimLost | VersionConflict):
+            self._not_recorded(outcome.error, outcome.pending)
+            with self.db_sessions() as db:
+                head = head_version(db, self.publisher.model.id)
+            if head != self.version:
+                self._continue_from(head)
+            return None, False
+        if outcome.error is not None:
+            raise outcome.error
+        published = outcome.published
+        self.version = published.version
+        return self._published(outcome.pending, published, outcome.swaps), True
+
+    def _not_recorded(self, error: ClaimLost | VersionConflict, pending: PendingVersion) -> None:
+        """A version that could not be recorded: its claim was lost, or another version (a
+        rollback) came first. Its sessions go back to the queue; a conflict that no rollback
+        explains is raised."""
+        if isinstance(error, ClaimLost):
+            self._lost(error, pending.session_ids)
+            return
+        with self.db_sessions() as db, db.begin():
+            # back to the queue, for a trainer on the latest
+            unclaim(db, pending.session_ids, self.instance.id)
+        with self.db_sessions() as db:
+            if not rolled_back_since(db, self.model_name, pending.claimed_at):
+                raise error
+        self.log("[train] a rollback moved the model meanwhile: this update is dropped")
+
+    def _discard(self, session_ids: list[str], *, reload: bool) -> None:
+        """Drop the update just computed: its sessions go back to the queue, and (`reload`) the
+        trainer back to its version's weights and moments."""
+        with self.db_sessions() as db, db.begin():
+            unclaim(db, session_ids, self.instance.id)
+        if reload:
+            self._continue_from(self.version)
+        self.log("[train] the version this update was built on is not the head: update dropped")
+
+    def _published(
+        self, pending: PendingVersion, published: Published, swaps: list[SwapReport]
+    ) -> StepReport:
+        """The report of a version recorded and pushed (`step_s`: from its claim to its last
+        swap, a background publish included)."""
+        claim, trajectories, samples, skips = pending.report_args
+        metrics, clock = pending.metrics, pending.clock
         clock.add_swaps(swaps)  # stage, pause, apply, verify: the slowest backend's
         metrics["phases"] = clock.seconds
         metrics.update(swap_metrics(swaps))
-        metrics["step_s"] = time.perf_counter() - t0
+        metrics["step_s"] = time.perf_counter() - pending.started
         return self._report(published.version, metrics, claim, trajectories, samples, skips, swaps)
 
     def _skip_update(
@@ -526,19 +685,27 @@ class OnlineTrainer:
                 pass
             return
         started = time.monotonic()
-        made = 0
+        made = 0  # versions recorded and pushed
         try:
             while max_versions is None or made < max_versions:
                 if stop_after_s is not None and time.monotonic() - started > stop_after_s:
                     return
                 with database_errors():
-                    report = self.step()
+                    if self.inflight is not None and made + 1 == max_versions:
+                        report = self.finish()  # the last one: nothing more to start
+                    else:
+                        report = self.advance()
                 if report is None or report.version is None:
-                    time.sleep(poll_s)
+                    if self.inflight is None:
+                        time.sleep(poll_s)
                     continue
                 made += 1
         finally:
-            self.stop_followers()
+            try:
+                with database_errors():
+                    self.finish()  # a version in flight is recorded and pushed, or given back
+            finally:
+                self.stop_followers()
 
     def stop_followers(self) -> None:
         """Rank 0: tell the other ranks that training is over (their `follow()` returns False);

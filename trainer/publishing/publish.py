@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,13 +230,16 @@ class Publisher:
     def push(
         self,
         published: Published,
-        model: torch.nn.Module,
+        model: torch.nn.Module | Mapping[str, torch.Tensor],
         *,
         reference_old: ProbeScores,
         backends: list[Backend] | None = None,
+        reference_new: ProbeScores | None = None,
     ) -> list[SwapReport]:
         """Swap every backend (or `backends`; a candidate: its gate backend only) to
-        `published`, whose weights `model` holds; backends not at its parent get full weights."""
+        `published`, whose weights `model` holds (or is: a version published in the background
+        passes a copy of its weights, and their probe scores as `reference_new`); backends not at
+        its parent get full weights."""
         fallback = None
         if published.update.relative and self._behind(published.parent):
             fallback = self._full(published.version, model)
@@ -246,7 +249,7 @@ class Publisher:
             parent_version=published.parent,
             new_version=published.version,
             update=self.offered(published.update, published.version),
-            reference_new=reference_scores(model),
+            reference_new=reference_new or reference_scores(model),
             reference_old=reference_old,
             fallback=None if fallback is None else self.offered(fallback, published.version),
             preferred=self._native(model, published.parent),
@@ -283,7 +286,9 @@ class Publisher:
         )
         return [self.coordinator.swap_backend(b, plan) for b in behind]
 
-    def _native(self, model: torch.nn.Module, parent: int | None) -> WeightUpdate | None:
+    def _native(
+        self, model: torch.nn.Module | Mapping[str, torch.Tensor], parent: int | None
+    ) -> WeightUpdate | None:
         """vLLM's native transfer of `model`'s weights, when offered (experimental); a
         rollback re-sends `parent`'s weights, rebuilt from the version files only then."""
         if self.native is None:
@@ -291,7 +296,7 @@ class Publisher:
         load_parent = None
         if parent is not None:
             load_parent = functools.cache(lambda: state_dict(self._reference(parent)))
-        return self.native.update(state_dict(model), load_parent)
+        return self.native.update(_weights(model), load_parent)
 
     def reference_of(self, version: int) -> ProbeScores | None:
         """The probe reference of a recorded version, rebuilt from its files (a second copy of
@@ -354,7 +359,9 @@ class Publisher:
                 if b.served_version not in (version, candidate) or b.served_version is None
             ]
 
-    def _full(self, version: int, model: torch.nn.Module) -> WeightUpdate:
+    def _full(
+        self, version: int, model: torch.nn.Module | Mapping[str, torch.Tensor]
+    ) -> WeightUpdate:
         """What installs `version` from any version: its own payload when that is not relative
         (full weights, a LoRA adapter), else an anchor file of its full weights."""
         with self.db_sessions() as db:
@@ -365,5 +372,10 @@ class Publisher:
                 return own
         anchor = version_file(self.home, self.model.name, version, "anchor")
         if not anchor.exists():
-            FullFile.write(state_dict(model), anchor)
+            FullFile.write(_weights(model), anchor)
         return FullFile(anchor)
+
+
+def _weights(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights by name: a model's, or a mapping of them as it is."""
+    return dict(model) if isinstance(model, Mapping) else state_dict(model)
