@@ -1,5 +1,8 @@
 """`rlgw train`: the online trainer. Claim rewarded sessions, update the policy, commit the new
 version with its ledger in one transaction, then push it to every backend through verified swaps.
+Under `rlgw train` (`run`) and `rlgw demo` (`advance`), the commit and the push of version N run in
+the background while N+1 claims and computes (trainer/loop/version_publishing.py); `step` does it
+all before it returns.
 
 Crash safety: the transaction that records a version also marks its sessions consumed and writes
 the ledger, so an update either happened completely or not at all. A crash before it leaves the
@@ -23,8 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,7 +35,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from rlgw import test_hooks
 from rlgw.db.models import AgentSession
-from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.placement import Placement
 from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
@@ -46,45 +46,33 @@ from ..errors import VersionConflict, database_errors
 from ..gate.governor import Governor
 from ..models.lora import with_adapter
 from ..models.weights import state_dict
-from ..publishing.publish import Published, Publisher, swap_metrics
-from ..publishing.versions import latest_version, materialize, settle_mode
+from ..publishing.publish import Published, Publisher
+from ..publishing.versions import materialize, settle_mode
 from ..swap.coordinator import SwapReport
 from ..swap.hold import GenerationHold, NoHold
-from ..weight_update.files import FullFile
 from . import collectives
 from .advantages import NON_FINITE, session_advantages
 from .claims import Claim, TrainerInstance, claim_sessions, held, release_dead_claims, unclaim
 from .device import slow_bf16_warning
 from .distributed import init_distributed, is_rank0
-from .finite import finite_metrics
-from .inflight import FrozenAdapter, InFlight, PendingVersion
-from .leases import ClaimLost, Heartbeat, check_held
+from .inflight import InFlight, PendingVersion
+from .leases import ClaimLost, Heartbeat
 from .ledger import record_ledger
 from .optimizer_state import state_path
 from .payload import version_payload
-from .phases import PhaseClock, phases_line
+from .phases import PhaseClock
 from .policy import Policy
 from .samples import build_update
 from .settle import settle_dropped
 from .task_baseline import task_means
-from .tracking import RunLog, rejected_outputs, skipped_fractions, version_scalars
+from .tracking import RunLog, skipped_fractions
 from .update import NonFiniteUpdate, UpdateOutOfMemory
+from .version_publishing import StepReport, VersionPublishing
 
 NO_SIGNAL = "no learning signal: every advantage in the batch is zero (equal rewards)"
 
 
-@dataclass
-class StepReport:
-    version: int | None
-    sessions: int
-    samples: int
-    skipped: int
-    dropped: int
-    metrics: dict[str, Any]
-    swaps: list[SwapReport]
-
-
-class OnlineTrainer:
+class OnlineTrainer(VersionPublishing):
     """The trainer of one model. Under torch.distributed every rank makes one, and rank 0 alone
     touches the database and the backends: it claims sessions, records versions and the ledger,
     and pushes; the other ranks take part in the update (FSDP2 shards) and nothing else."""
@@ -302,18 +290,6 @@ class OnlineTrainer:
         ancestors = lineage(db, self.publisher.model.id, parent)
         return {self.version: 0, **{v: d + 1 for v, d in ancestors.items()}}
 
-    def _lost(self, lost: ClaimLost, session_ids: list[str]) -> None:
-        """The update's claim was lost before its commit (its lease passed: this trainer was
-        stopped or cut off longer than RLGW_CLAIM_LEASE_S, and another may have trained those
-        sessions): nothing was recorded; give back what is still held, and go back to the
-        last committed version's weights and AdamW moments, as if the update never ran."""
-        self.log(f"[train] {lost}: this update is not committed (no version, no ledger)")
-        with self.db_sessions() as db, db.begin():
-            unclaim(db, [s for s in session_ids if s not in lost.lost], self.instance.id)
-        with self.db_sessions() as db:
-            head = head_version(db, self.publisher.model.id)
-        self._continue_from(head)
-
     def _drop(self, reasons: dict[str, str]) -> None:
         """Drop claimed sessions for this model, each with its reason (only those this trainer
         still holds; a session another model has still to train on goes back to the queue for
@@ -385,11 +361,6 @@ class OnlineTrainer:
         allows: returns the report of a version finished meanwhile, if any (`finish` waits for
         the one still in flight)."""
         return self._advance(overlap=self._overlaps())
-
-    def finish(self) -> StepReport | None:
-        """Rank 0: the version in flight, recorded and pushed: its report (None if none was in
-        flight, or it could not be recorded)."""
-        return self._finish()[0]
 
     def _advance(self, overlap: bool) -> StepReport | None:
         """One update. With `overlap`, its version is recorded and pushed in the background
@@ -499,111 +470,6 @@ class OnlineTrainer:
             metrics["hold_drain_s"] = window.report.drain_s
         return self._published(pending, published, swaps)
 
-    def _publish(
-        self, pending: PendingVersion, committed: Callable[[Published], None] | None = None
-    ) -> tuple[Published, list[SwapReport]]:
-        """Record `pending` with its ledger in one transaction, save the AdamW moments it
-        reached, then push it to every backend: on the trainer's thread, or in the background
-        (`committed(published)` runs between the commit and the push)."""
-        published = self.publisher.record(
-            pending.parent,
-            pending.payload,
-            pending.kind,
-            # No NaN or inf reaches the database (JSON has none; Postgres refuses them)
-            metrics=finite_metrics({**pending.metrics, "config": self.config.as_dict()}),
-            rows=pending.ledger,
-            guard=lambda db: check_held(db, pending.session_ids, self.instance.id),
-        )
-        pending.metrics["bytes"] = published.update.nbytes
-        for name, seconds in published.timings.items():  # write, checksum, commit
-            pending.clock.add(name, seconds)
-        self.policy.save_moments(pending.moments, self.optimizer_path, published.version)
-        test_hooks.crash_point("crash-after-commit")
-        if committed is not None:
-            committed(published)
-        swaps = self.publisher.push(
-            published,
-            pending.weights,
-            reference_old=pending.reference_old,
-            reference_new=pending.reference_new,
-        )
-        return published, swaps
-
-    def _launch(self, pending: PendingVersion) -> None:
-        """Publish `pending` in the background. Everything it holds is made its own first (the
-        next update changes the model and the optimizer in place), and the trainer takes on the
-        version it will be: the next update's samples are judged against it."""
-        lora = self.policy.lora is not None
-        pending.reference_new = reference_scores(self.model)
-        pending.moments = self.policy.freeze_moments(pending.moments)
-        with self.db_sessions() as db:
-            pending.expected = latest_version(db, self.publisher.model.id) + 1
-        self.version = pending.expected
-        self._remember_served()  # a copy of its weights, which the next delta is taken against
-        pending.weights = self.served
-        if lora:
-            pending.payload = FrozenAdapter(self.model)
-        elif pending.kind is FullFile:
-            pending.payload = self.served
-        self.inflight = InFlight(pending, self._publish)
-
-    def _finish(self) -> tuple[StepReport | None, bool]:
-        """Wait for the version in flight: (its report, True) once it is recorded and pushed;
-        (None, False) if it was not recorded (the trainer is then back on the head's weights)
-        or none was in flight."""
-        if self.inflight is None:
-            return None, False
-        outcome, self.inflight = self.inflight.join(), None
-        if isinstance(outcome.error, ClaimLost | VersionConflict):
-            self._not_recorded(outcome.error, outcome.pending)
-            with self.db_sessions() as db:
-                head = head_version(db, self.publisher.model.id)
-            if head != self.version:
-                self._continue_from(head)
-            return None, False
-        if outcome.error is not None:
-            raise outcome.error
-        published = outcome.published
-        self.version = published.version
-        return self._published(outcome.pending, published, outcome.swaps), True
-
-    def _not_recorded(self, error: ClaimLost | VersionConflict, pending: PendingVersion) -> None:
-        """A version that could not be recorded: its claim was lost, or another version (a
-        rollback) came first. Its sessions go back to the queue; a conflict that no rollback
-        explains is raised."""
-        if isinstance(error, ClaimLost):
-            self._lost(error, pending.session_ids)
-            return
-        with self.db_sessions() as db, db.begin():
-            # back to the queue, for a trainer on the latest
-            unclaim(db, pending.session_ids, self.instance.id)
-        with self.db_sessions() as db:
-            if not rolled_back_since(db, self.model_name, pending.claimed_at):
-                raise error
-        self.log("[train] a rollback moved the model meanwhile: this update is dropped")
-
-    def _discard(self, session_ids: list[str], *, reload: bool) -> None:
-        """Drop the update just computed: its sessions go back to the queue, and (`reload`) the
-        trainer back to its version's weights and moments."""
-        with self.db_sessions() as db, db.begin():
-            unclaim(db, session_ids, self.instance.id)
-        if reload:
-            self._continue_from(self.version)
-        self.log("[train] the version this update was built on is not the head: update dropped")
-
-    def _published(
-        self, pending: PendingVersion, published: Published, swaps: list[SwapReport]
-    ) -> StepReport:
-        """The report of a version recorded and pushed (`step_s`: from its claim to its last
-        swap, a background publish included)."""
-        claim, trajectories, samples, skips = pending.report_args
-        metrics, clock = pending.metrics, pending.clock
-        clock.add_swaps(swaps)  # stage, pause, apply, verify: the slowest backend's
-        metrics["phases"] = clock.seconds
-        metrics.update(swap_metrics(swaps))
-        metrics["step_s"] = time.perf_counter() - pending.started
-        return self._report(published.version, metrics, claim, trajectories, samples, skips, swaps)
-
     def _skip_update(
         self, err: NonFiniteUpdate, claim: Claim, samples: list, skips: list
     ) -> StepReport:
@@ -615,62 +481,6 @@ class OnlineTrainer:
         self.log(f"[train] update skipped: {reason}")
         n = len(claim.session_ids)
         return StepReport(None, n, len(samples), len(skips), n, {"non_finite": 1.0}, [])
-
-    def _report(
-        self,
-        version: int,
-        metrics: dict[str, Any],
-        claim: Claim,
-        trajectories: list,
-        samples: list,
-        skips: list,
-        swaps: list[SwapReport],
-    ) -> StepReport:
-        """Note the version's timings on its row, write its run log, print its progress line."""
-        self.publisher.note(
-            version,
-            {
-                k: metrics[k]
-                for k in ("pause_s", "step_s", "swaps", "hold_s", "transfer_fallbacks", "phases")
-                if k in metrics
-            },
-        )
-        self.run_log.write(
-            version,
-            version_scalars(
-                version=version,
-                metrics=metrics,
-                samples=samples,
-                skips=skips,
-                outputs=rejected_outputs(trajectories, skips),
-                swaps=swaps,
-            ),
-        )
-        report = StepReport(
-            version,
-            len(claim.session_ids),
-            len(samples),
-            len(skips),
-            len(claim.dropped),
-            metrics,
-            swaps,
-        )
-        self.log(self._progress_line(report))
-        if "phases" in metrics:
-            self.log(phases_line(version, metrics["phases"], metrics.get("step_s", 0.0)))
-        return report
-
-    @staticmethod
-    def _progress_line(r: StepReport) -> str:
-        m = r.metrics
-        outcomes = ",".join(s.outcome for s in r.swaps) or "no backends"
-        return (
-            f"[train] v{r.version:<4d} sessions {r.sessions:3d}  samples {r.samples:3d}  "
-            f"tokens {int(m.get('tokens', 0)):5d}  reward {m.get('reward_mean', 0):.3f}  "
-            f"loss {m.get('loss', 0):+.4f}  kl {m.get('kl_behave', 0):+.4f}  "
-            f"clip {m.get('clip_frac', 0):.2f}  pause {m.get('pause_s', 0):.3f}s  "
-            f"step {m.get('step_s', 0):.2f}s  [{outcomes}]"
-        )
 
     # ------------------------------------------------------------------ the service
     def run(
