@@ -392,6 +392,7 @@ class OnlineTrainer:
                     self.served,
                     self.version + 1,
                     self.config.anchor_every,
+                    self.config.delta_dtype,
                 )
             try:
                 published = self.publisher.record(
