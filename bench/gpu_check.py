@@ -1,13 +1,20 @@
 """The trainer's real update path on a GPU: tokens/s, MFU, peak memory and version-write cost.
 
 For the GPU box we borrow now and then (torch, transformers, peft; no vLLM, no Postgres, no
-network): Qwen2-shaped models of 0.5B and 1.5B (Qwen2.5's shapes and 151,936-token vocabulary,
-randomly initialised), full weights in fp32 and bf16 (autocast over fp32 master weights), LoRA
-rank 8 and 64 through peft, activation checkpointing, and FSDP2 over nccl with world size 1.
+network): the default model's architecture and size (SmolLM2-135M-Instruct, LlamaForCausalLM,
+built from its config: bf16, full weights and LoRA rank 8), then Qwen2-shaped models of 0.5B and
+1.5B (Qwen2.5's shapes and 151,936-token vocabulary), all randomly initialised (bench/
+gpu_models.py): full weights in fp32 and bf16 (autocast over fp32 master weights), LoRA rank 8
+and 64 through peft, activation checkpointing, and FSDP2 over nccl with world size 1.
 Each configuration runs `trainer.loop.update.policy_update` on samples built by `build_samples` from
 recorded-format trajectories (the export JSON), micro-batched, for a fixed number of steps after
-one warm-up step, then writes that version's update (a delta safetensors file, or a LoRA adapter
-folder) and times it.
+one warm-up step, then writes that version's update as the trainer ships it (a bf16 delta
+safetensors file and its sha256, or a LoRA adapter folder) and times it, then runs the raw step
+(forward, backward, AdamW; nothing else) on the same micro-batches the same number of times.
+
+    whole_s        = mean update step + the version's write (gather, delta, write, checksum)
+    whole_over_raw = raw step s / whole_s   (= whole tokens/s over raw tokens/s; the trainer's
+                     claim, probe, commit and push are not in it: no database, no backend here)
 
     bench/gpu_check.sh                                  # on the GPU box, from the repo root
     python bench/gpu_check.py --device cpu --quick      # tiny shapes, here (the test runs this)
@@ -33,7 +40,6 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,80 +47,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_models import SIZES, Run, Size, build, lora_wrap, runs_for  # noqa: E402
 from bench.weight_transfer_check import transfer_check  # noqa: E402
 from rlgw.ports import free_port  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.loop import distributed  # noqa: E402
-from trainer.loop.device import prepare_model  # noqa: E402
+from trainer.loop.device import autocast, prepare_model  # noqa: E402
+from trainer.loop.loss import token_logprobs  # noqa: E402
 from trainer.loop.records import trajectory_from_export  # noqa: E402
 from trainer.loop.samples import build_samples  # noqa: E402
 from trainer.loop.update import plan_update, policy_update  # noqa: E402
-from trainer.models.byte_model import ModelShape  # noqa: E402
-from trainer.models.model_families import FAMILIES, build_config, build_model  # noqa: E402
 from trainer.models.weights import delta, state_dict, write_update  # noqa: E402
+from trainer.publishing.versions import file_sha256  # noqa: E402
+from trainer.weight_update.lora import WEIGHTS_FILE  # noqa: E402
 
-QWEN25_VOCAB = 151_936
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Dense peak TFLOP/s of an H100/H200 SXM (NVIDIA's datasheet): bf16 tensor cores 989; plain fp32
 # 67 (the fp32 runs keep torch's default: TF32 off, so 494.7 of TF32 tensor cores is not the peak).
 PEAKS = {"bfloat16": 989.0, "float32": 67.0}
 SIZE_STEP = 3.5  # how much dearer the next size's first run is guessed to be (for --max-seconds)
-
-
-@dataclass(frozen=True)
-class Size:
-    """One model size and the batch it trains on: `samples` of prompt + output tokens."""
-
-    name: str
-    shape: ModelShape
-    vocab: int
-    samples: int
-    prompt: int
-    output: int
-    microbatch: int  # max_tokens_per_microbatch
-    steps: int  # measured steps after the warm-up step
-
-
-@dataclass(frozen=True)
-class Run:
-    size: Size
-    mode: str  # full | lora
-    dtype: str
-    lora_rank: int = 0
-    fsdp: bool = False
-    checkpointing: bool = False
-
-    @property
-    def name(self) -> str:
-        parts = [self.size.name, f"lora{self.lora_rank}" if self.mode == "lora" else "full"]
-        parts += (
-            [self.dtype]
-            + (["fsdp2"] if self.fsdp else [])
-            + (["ckpt"] if self.checkpointing else [])
-        )
-        return "/".join(parts)
-
-
-QWEN25_05B = ModelShape(896, 24, 14, 2, 4864, 32768)  # Qwen2.5-0.5B: head_dim 64
-QWEN25_15B = ModelShape(1536, 28, 12, 2, 8960, 32768)  # Qwen2.5-1.5B: head_dim 128
-SIZES = {  # 16 samples of 256 prompt + 768 output tokens: 16,384 tokens, 4 micro-batches a step
-    "0.5b": Size("qwen2-0.5b", QWEN25_05B, QWEN25_VOCAB, 16, 256, 768, 4096, 3),
-    "1.5b": Size("qwen2-1.5b", QWEN25_15B, QWEN25_VOCAB, 16, 256, 768, 4096, 3),
-    "quick": Size("tiny", ModelShape(64, 2, 1, 1, 128, 512), 512, 6, 12, 20, 96, 1),
-}
-
-
-def runs_for(size: Size) -> list[Run]:
-    """The configurations, cheapest first within a size, so a budget cut drops the dear ones."""
-    return [
-        Run(size, "full", "bfloat16"),
-        Run(size, "lora", "bfloat16", lora_rank=8),
-        Run(size, "lora", "bfloat16", lora_rank=64),
-        Run(size, "full", "bfloat16", fsdp=True),
-        Run(size, "full", "bfloat16", checkpointing=True),
-        Run(size, "lora", "float32", lora_rank=64),
-        Run(size, "full", "float32"),
-    ]
 
 
 def log(message: str) -> None:
@@ -178,34 +128,60 @@ def flops_per_step(config, n_matmul: int, run: Run, lengths: list[int], lora_par
 # ----------------------------------------------------------------------------- one run
 
 
-def build(run: Run, device: torch.device, seed: int):
-    fam = FAMILIES["qwen2"]
-    ids = {"bos": None, "eos": run.size.vocab - 2, "pad": run.size.vocab - 1}
-    config = build_config(fam, run.size.shape, run.size.vocab, ids)
-    return build_model(fam, config, seed, device=str(device), redraw=device.type == "cpu")
-
-
-def lora_wrap(model: torch.nn.Module, rank: int) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=LORA_TARGETS)
-    return get_peft_model(model, config)
-
-
 def write_version(model, served, run: Run, scratch: Path) -> dict:
-    """The version's update as the trainer would ship it; its size and the time to write it."""
-    start = time.perf_counter()
+    """The version's update as the trainer ships it, timed by phase as the trainer's step names
+    them (trainer/loop/phases.py): full weights: gather (the weights, whole, to the CPU), delta
+    (theta - theta_served in the trainer's default delta_dtype, bf16), write (the safetensors
+    file), checksum (its sha256, as Publisher.record takes it); LoRA: write (peft's
+    save_pretrained) and checksum (of the adapter's weights file)."""
+    clock, phases = time.perf_counter(), {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = now - clock
+        clock = now
+
     if run.mode == "lora":
         folder = scratch / "adapter"
         model.save_pretrained(folder)
+        lap("write")
+        file_sha256(folder / WEIGHTS_FILE)
+        lap("checksum")
         size = sum(f.stat().st_size for f in folder.iterdir())
         kind = "lora adapter folder"
     else:
-        weights = distributed.gather_full_state(model) if run.fsdp else state_dict(model)
-        tensors = {k: v.cpu() for k, v in delta(weights, served).items()}
+        weights = distributed.gather_full_state(model) if run.fsdp else cpu_weights(model)
+        lap("gather")
+        dtype = getattr(torch, TrainerConfig().delta_dtype)
+        tensors = delta(weights, served, dtype)
+        lap("delta")
         size = write_update(tensors, scratch / "delta.safetensors")
-        kind = "delta safetensors"
-    return {"kind": kind, "bytes": size, "seconds": time.perf_counter() - start}
+        lap("write")
+        file_sha256(scratch / "delta.safetensors")
+        lap("checksum")
+        kind = f"delta safetensors ({dtype})".replace("torch.", "")
+    return {"kind": kind, "bytes": size, "seconds": sum(phases.values()), "phases": phases}
+
+
+def cpu_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights, whole, fp32 on the CPU: what the trainer's reference holds after a step."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in state_dict(model).items()}
+
+
+def raw_step(model, optimizer, batches: list, dtype: str, device: torch.device) -> None:
+    """The arithmetic floor (bench/trainer_throughput.py's raw step, over the update's own
+    micro-batches): forward and backward of the plain log-likelihood of the trained tokens, then
+    one AdamW step. No proximal pass, no PPO loss, no clip, no metrics."""
+    tokens = sum(float(b.mask.sum()) for b in batches)
+    for batch in batches:
+        with autocast(device, dtype):
+            out = model(input_ids=batch.inputs, attention_mask=batch.attention, use_cache=False)
+        logp = token_logprobs(out.logits[:, :-1], batch.targets)  # (B, L-1)
+        loss = -(logp * batch.mask).sum() / max(tokens, 1.0)
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
@@ -239,8 +215,8 @@ def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
     served = None  # theta_served, to make the delta from: as trainer/loop/service.py keeps it
     if run.fsdp:
         served = distributed.gather_full_state(model)
-    elif run.mode == "full":
-        served = {k: v.clone() for k, v in state_dict(model).items()}
+    elif run.mode == "full":  # rank 0's CPU reference (trainer/loop/policy.py)
+        served = cpu_weights(model)
     # The service's optimizer: AdamW over the trainable parameters, torch's default kernels.
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas)
     plan = plan_update(samples, config, size.vocab - 1, device)
@@ -257,6 +233,16 @@ def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
             times.append(time.perf_counter() - start)
     step_s = sum(times) / len(times)
     write = write_version(model, served, run, scratch)
+    raw_times = []
+    for step in range(size.steps + 1):  # after the version's write: the delta is the update's
+        sync(device)
+        start = time.perf_counter()
+        raw_step(model, optimizer, plan.microbatches[0], run.dtype, device)
+        sync(device)
+        if step:
+            raw_times.append(time.perf_counter() - start)
+    raw_s = sum(raw_times) / len(raw_times)
+    whole_s = step_s + write["seconds"]
     peak = PEAKS[run.dtype] if device.type == "cuda" and is_h100_class(device) else None
     achieved = flops / step_s / 1e12
     return {
@@ -283,6 +269,10 @@ def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
         "mfu": achieved / peak if peak else None,
         "peak_memory_gib": peak_memory_gib(device),
         "version_write": write,
+        "raw_step_s": raw_times,
+        "raw_tokens_per_s": sum(lengths) / raw_s,
+        "whole_s": whole_s,
+        "whole_over_raw": raw_s / whole_s,
         "metrics": {k: metrics[k] for k in ("loss", "grad_norm", "kl_behave", "ratio_mean")},
     }
 
@@ -332,14 +322,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one measured step")
-    parser.add_argument("--sizes", default="0.5b,1.5b", help="comma-separated: 0.5b, 1.5b")
+    parser.add_argument(
+        "--sizes", default="smollm2,0.5b,1.5b", help="comma-separated: smollm2, 0.5b, 1.5b"
+    )
     parser.add_argument("--max-seconds", type=float, default=420.0, help="skip what would pass it")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device (use --device cpu --quick)")
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
-    sizes = [SIZES["quick"]] if args.quick else [SIZES[s.strip()] for s in args.sizes.split(",")]
+    quick = [SIZES["quick"], SIZES["quick-llama"]]
+    sizes = quick if args.quick else [SIZES[s.strip()] for s in args.sizes.split(",")]
     started = time.perf_counter()
     report = environment(device) | {"max_seconds": args.max_seconds, "quick": args.quick}
     results, skipped, took = [], [], {}  # took: size name -> longest run of that size, s
@@ -415,7 +408,8 @@ def summary_line(result: dict, seconds: float) -> str:
     return (
         f"  {result['name']}: {result['tokens_per_s']:,.0f} tok/s, MFU {mfu}, peak "
         f"{result['peak_memory_gib'] or 0:.1f} GiB, write {write['bytes'] / 1e6:.1f} MB "
-        f"in {write['seconds']:.2f} s ({seconds:.0f} s in all)"
+        f"in {write['seconds']:.2f} s, whole/raw {result['whole_over_raw']:.0%} "
+        f"({seconds:.0f} s in all)"
     )
 
 

@@ -16,7 +16,8 @@ RESULT_KEYS = {
     "trainable_params", "samples_per_step", "tokens_per_step", "output_tokens_per_step",
     "microbatches_per_step", "max_tokens_per_microbatch", "steps_measured", "step_s",
     "tokens_per_s", "model_tflop_per_step", "achieved_tflop_per_s", "peak_tflop_per_s", "mfu",
-    "peak_memory_gib", "version_write", "metrics",
+    "peak_memory_gib", "version_write", "metrics", "raw_step_s", "raw_tokens_per_s", "whole_s",
+    "whole_over_raw",
 }  # fmt: skip
 
 
@@ -46,15 +47,26 @@ def test_gpu_check_runs_every_configuration_on_the_cpu(tmp_path: Path) -> None:
     assert set(results) == {
         "tiny/full/bfloat16", "tiny/lora8/bfloat16", "tiny/lora64/bfloat16",
         "tiny/full/bfloat16/fsdp2", "tiny/full/bfloat16/ckpt", "tiny/lora64/float32",
-        "tiny/full/float32",
+        "tiny/full/float32", "tiny-llama/full/bfloat16", "tiny-llama/lora8/bfloat16",
     }  # fmt: skip
     for name, result in results.items():
         assert set(result) == RESULT_KEYS, name
         assert result["tokens_per_s"] > 0 and result["microbatches_per_step"] > 1, name
         assert result["version_write"]["bytes"] > 0, name
+        # whole = the update step + the version's write: never faster than the step alone
+        assert result["whole_s"] >= sum(result["step_s"]) / len(result["step_s"]), name
+        assert result["whole_over_raw"] == pytest.approx(
+            sum(result["raw_step_s"]) / len(result["raw_step_s"]) / result["whole_s"]
+        ), name
         assert result["metrics"]["ratio_mean"] == 1.0, name
     assert results["tiny/lora8/bfloat16"]["version_write"]["kind"] == "lora adapter folder"
-    assert results["tiny/full/float32"]["version_write"]["kind"] == "delta safetensors"
+    full = results["tiny/full/float32"]["version_write"]
+    assert full["kind"] == "delta safetensors (bfloat16)"  # as the trainer ships it
+    assert set(full["phases"]) == {"gather", "delta", "write", "checksum"}
+    # the default model's architecture, scaled down: Llama with tied embeddings
+    llama = results["tiny-llama/full/bfloat16"]
+    assert llama["params"] == llama["trainable_params"]
+    assert results["tiny-llama/lora8/bfloat16"]["version_write"]["kind"] == "lora adapter folder"
     lora = results["tiny/lora8/bfloat16"]
     assert lora["trainable_params"] < lora["params"]
     # FSDP2 over one rank is the same update as no FSDP.
@@ -64,7 +76,7 @@ def test_gpu_check_runs_every_configuration_on_the_cpu(tmp_path: Path) -> None:
 
 def test_max_seconds_skips_what_would_not_fit_and_says_so(tmp_path: Path) -> None:
     _, report = gpu_check(tmp_path, "--max-seconds", "0")
-    assert report["results"] == [] and len(report["skipped"]) == 7
+    assert report["results"] == [] and len(report["skipped"]) == 9
     assert all("--max-seconds 0" in s["reason"] for s in report["skipped"])
 
 

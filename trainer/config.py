@@ -29,6 +29,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 CHOICES = {
     "device": DEVICES,
     "dtype": DTYPES,
+    "delta_dtype": DTYPES,
     "imp_weight_mode": IMP_WEIGHT_MODES,
     "imp_weight_level": IMP_WEIGHT_LEVELS,
     "baseline": BASELINES,
@@ -92,6 +93,7 @@ class TrainerConfig:
     # record and push a version in the background while the next update computes (at most one
     # in flight); never colocated, gated or with native transfer (docs/training.md)
     overlap_publish: bool = True
+    delta_dtype: str = "bfloat16"  # a delta's stored dtype; the reference adopts it (exact parity)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -165,6 +167,8 @@ class TrainerConfig:
                 f"dtype must be 'float32' or 'bfloat16' (autocast; weights stay fp32), "
                 f"not {self.dtype!r}"
             )
+        if self.delta_dtype not in DTYPES:
+            raise ValueError(f"delta_dtype must be one of {DTYPES}, not {self.delta_dtype!r}")
         if self.max_tokens_per_microbatch < self.max_tokens_per_sample:
             raise ValueError(
                 f"max_tokens_per_microbatch ({self.max_tokens_per_microbatch}) is below "

@@ -425,6 +425,7 @@ class OnlineTrainer(VersionPublishing):
                     self.served,
                     self.version + 1,
                     self.config.anchor_every,
+                    self.config.delta_dtype,
                 )
             pending = PendingVersion(
                 parent=self.version,

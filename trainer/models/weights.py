@@ -28,14 +28,38 @@ def state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def delta(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """theta_new - theta_old for every parameter that changed."""
+def delta(
+    new: dict[str, torch.Tensor],
+    old: dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """theta_new - theta_old, computed in fp32 and stored in `dtype`, for every parameter whose
+    stored difference is not all zero (an unchanged tensor is left out: it costs no bytes, and a
+    backend leaves a parameter the delta does not name as it is)."""
     out = {}
     for name, value in new.items():
-        diff = value.float() - old[name].float()
+        diff = (value.float() - old[name].float()).to(dtype)
         if bool(diff.any()):
             out[name] = diff.contiguous()
     return out
+
+
+@torch.no_grad()
+def adopt_delta(
+    model: torch.nn.Module, served: dict[str, torch.Tensor], update: dict[str, torch.Tensor]
+) -> None:
+    """Make `model` hold exactly what a backend serving `served` holds after `update`:
+    served + update in fp32 (as the worker adds it, and as `apply_delta` rebuilds the version from
+    its files), `served` where the update names nothing. A delta stored in bf16 is theta_new
+    rounded; after this the reference, the version files and the backends agree bit for bit, and
+    the rounding of this version is carried into the next delta, never lost."""
+    params = dict(model.named_parameters())
+    for name, value in served.items():
+        target = params[name]
+        if name in update:
+            torch.add(value, update[name].to(value.dtype), out=target.data)
+        else:
+            target.data.copy_(value)
 
 
 @torch.no_grad()
