@@ -30,9 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.loop.device import prepare_model  # noqa: E402
-from trainer.loop.packing import padding_fraction  # noqa: E402
-from trainer.loop.samples import Sample  # noqa: E402
-from trainer.loop.update import plan_update, policy_update  # noqa: E402
+from trainer.loop.microbatch import pack_microbatches  # noqa: E402
+from trainer.loop.packing import pack_lines, padding_fraction  # noqa: E402
+from trainer.loop.samples import Sample, collate_lines, row_tokens, sequence_rows  # noqa: E402
+from trainer.loop.update import batch_logprobs, plan_update, policy_update  # noqa: E402
 
 MODEL = Path.home() / ".cache" / "rlgw" / "models" / "smollm2-135m-instruct-0.1.2"
 RESULTS = ROOT / "bench" / "results" / "packing.json"
@@ -65,6 +66,25 @@ def layout(samples: list[Sample], config: TrainerConfig, pad_id: int, packed: bo
     }
 
 
+def logprob_gap(model, samples: list[Sample], budget: int, pad_id: int) -> float:
+    """The largest |log p packed - log p padded| over every output token (no gradient)."""
+    packed = pack_lines(samples, budget)
+    padded = [[[row] for row in sequence_rows(g)] for g in pack_microbatches(samples, budget)]
+    found: list[dict[str, torch.Tensor]] = [{}, {}]
+    with torch.no_grad():
+        for out, groups in zip(found, (packed, padded), strict=True):
+            for lines in groups:
+                logp = batch_logprobs(model, collate_lines(lines, pad_id))  # (B, L-1)
+                for i, line in enumerate(lines):
+                    at = 0
+                    for row in line:
+                        for s in row:
+                            p = at + len(s.prompt_ids)
+                            out[s.completion_id] = logp[i, p - 1 : p - 1 + len(s.output_ids)]
+                        at += len(row_tokens(row))
+    return max(float((found[0][k] - found[1][k]).abs().max()) for k in found[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=MODEL)
@@ -74,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--layout-only", action="store_true", help="the micro-batches, no update")
+    p.add_argument("--check", action="store_true", help="also the log-prob gap, packed-padded")
     args = p.parse_args(argv)
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -99,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32)
     model = prepare_model(model, configs["off"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-9)
+    gap = logprob_gap(model.eval(), samples, args.budget, pad_id) if args.check else None
+    if gap is not None:
+        print(f"largest |log p packed - log p padded| over output tokens: {gap:.2e}", flush=True)
     for step in range(args.steps + 1):  # step 0: warm-up (allocation, AdamW state), not timed
         for packing, config in configs.items():
             start = time.perf_counter()
@@ -130,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 "threads": torch.get_num_threads(),
                 "torch": torch.__version__,
                 "argv": sys.argv[1:],
+                "logprob_gap": gap,
                 "results": results,
             },
             indent=2,

@@ -1,10 +1,10 @@
 """Token-budgeted micro-batches: rows packed so that rows x longest <= the budget.
 
 A row is a sample, or the samples of one training sequence (`sequence_rows`), never split.
-Padding counts: a micro-batch costs its padded rectangle, B x L tokens (trainer/loop/packing.py
-packs several rows into a line instead). Rows are packed in
-length order (shortest first), which keeps padding small; the order does not change the update,
-since gradients are summed over micro-batches.
+Padding counts: a micro-batch costs its padded rectangle, B x L tokens. Rows are packed in length
+order (shortest first), which keeps padding small; the order does not change the update, since
+gradients are summed over micro-batches. (trainer/loop/packing.py lays several rows end to end in
+a line instead.)
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ micro-batch needs fewer lines than padded rows. Padding remains only at the ends
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..config import TrainerConfig
@@ -31,41 +33,45 @@ Row = list[Sample]  # a sample, or the samples of one training sequence (`sequen
 Line = list[Row]
 
 
+@dataclass
+class _Group:
+    """A micro-batch being packed: lines of rows no longer than `width` tokens each."""
+
+    width: int  # its first row's length: rows come longest first
+    lines: list[Line]
+    fills: list[int]  # tokens in each line
+
+    def fit(self, row: Row, n: int) -> bool:
+        """Put the row at the end of the first line with room for it; whether one had."""
+        for k, fill in enumerate(self.fills):
+            if fill + n <= self.width:
+                self.lines[k].append(row)
+                self.fills[k] += n
+                return True
+        return False
+
+    def new_line(self, row: Row, n: int, max_tokens: int) -> bool:
+        """Start a line with the row if one more line fits the budget; whether it did."""
+        if (len(self.lines) + 1) * self.width > max_tokens:
+            return False
+        self.lines.append([row])
+        self.fills.append(n)
+        return True
+
+
 def pack_lines(samples: list[Sample], max_tokens: int) -> list[list[Line]]:
     """The samples' rows in micro-batches of lines, first fit in descending length: a micro-batch's
     width is its first (longest) row, each line's rows fit in the width, and lines x width <=
     max_tokens. Rows longer than max_tokens: `SampleTooLong` (as `pack_microbatches`)."""
-    groups: list[list[Line]] = []
-    fills: list[list[int]] = []  # tokens in each line of each group
-    widths: list[int] = []
+    groups: list[_Group] = []
     for row in sorted(sequence_rows(samples), key=lambda r: -len(row_tokens(r))):
         n = check_row_length(row, max_tokens)
-        placed = _first_fit(row, n, groups, fills, widths)
+        placed = any(g.fit(row, n) for g in groups) or any(
+            g.new_line(row, n, max_tokens) for g in groups
+        )
         if not placed:
-            for g, lines in enumerate(groups):  # a new line where a group has room for one
-                if (len(lines) + 1) * widths[g] <= max_tokens:
-                    lines.append([row])
-                    fills[g].append(n)
-                    placed = True
-                    break
-        if not placed:
-            groups.append([[row]])
-            fills.append([n])
-            widths.append(n)
-    return groups
-
-
-def _first_fit(
-    row: Row, n: int, groups: list[list[Line]], fills: list[list[int]], widths: list[int]
-) -> bool:
-    """Put the row in the first line with room for it; whether one had."""
-    for g, lines in enumerate(groups):
-        for k, fill in enumerate(fills[g]):
-            if fill + n <= widths[g]:
-                lines[k].append(row)
-                fills[g][k] += n
-                return True
-    return False
+            groups.append(_Group(n, [[row]], [n]))
+    return [g.lines for g in groups]
 
 
 def supports_packing(model: torch.nn.Module) -> bool:

@@ -222,7 +222,7 @@ class Batch:
     packed: `positions` restart at each row). A row is one sample, or the samples of one
     training sequence (`sequence_rows`)."""
 
-    inputs: torch.Tensor  # (B, L) prompt + output, right-padded
+    inputs: torch.Tensor  # (B, L) each row's prompt + output, rows end to end, right-padded
     attention: torch.Tensor  # (B, L) 1 on real tokens
     targets: torch.Tensor  # (B, L-1) inputs shifted by one
     mask: torch.Tensor  # (B, L-1) 1 where the target is a trained output token
