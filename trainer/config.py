@@ -86,7 +86,7 @@ class TrainerConfig:
     max_tokens_per_microbatch: int = 8192  # padded tokens (lines x longest) per forward/backward
     # on: samples packed end to end in lines no longer than the micro-batch's longest sample,
     # attention kept within each (trainer/loop/packing.py) | off: one sample per padded line |
-    # auto: on (docs/training.md, "Packed micro-batches"); a model that cannot pack pads
+    # auto: on (measured faster on the CPU too: docs/benchmarks.md); a model that cannot pack pads
     packing: str = "auto"
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, +~30%
     # LoRA (docs/training.md, "LoRA"): train a peft adapter instead of every weight
