@@ -6,7 +6,8 @@ written to a fresh database (`bench/trainer_step_data.py`), then the real `Onlin
 (claim -> samples -> policy_update -> delta -> version row, ledger and file in one commit ->
 push) runs `--steps` times after one warm-up step; between two steps, one raw forward + backward
 + AdamW step over the same tokens on the trainer's own model and optimizer (bench/
-trainer_throughput.py's `raw_step`), so that a shared machine's load falls on both alike.
+trainer_throughput.py's `raw_step`, in the update's micro-batches, padded or packed alike), so
+that a shared machine's load falls on both alike.
 Reported per step: tokens/s of the whole step and of its parts (train, record, push), and the
 whole step over the raw step. Target (issue 13): the whole step >= 80% of the raw throughput.
 
@@ -47,7 +48,7 @@ from rlgw.settings import Settings  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.loop import collectives  # noqa: E402
 from trainer.loop.microbatch import to_device  # noqa: E402
-from trainer.loop.samples import collate  # noqa: E402
+from trainer.loop.packing import collate_microbatches, use_packing  # noqa: E402
 from trainer.loop.service import OnlineTrainer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -164,10 +165,15 @@ def raw_share(trainer: OnlineTrainer, samples: list, dtype: str) -> None:
     trainer's own model and optimizer (every rank calls it: a collective when sharded)."""
     rank, world = collectives.rank(), collectives.world_size()
     mine = samples[rank::world]  # as the update splits a batch
-    batch = to_device(collate(mine, trainer.policy.pad_id), trainer.dist.device)
-    trainer.policy.training.train()
-    raw_step(trainer.policy.training, trainer.optimizer, batch, dtype, world)
-    trainer.policy.training.eval()
+    model, config = trainer.policy.training, trainer.config
+    packed = use_packing(config, model)  # the update's micro-batches: padded or packed alike
+    budget, pad_id = config.max_tokens_per_microbatch, trainer.policy.pad_id
+    batches = collate_microbatches(mine, budget, pad_id, trainer.policy.stop_ids, packed=packed)
+    model.train()
+    raw_step(
+        model, trainer.optimizer, [to_device(b, trainer.dist.device) for b in batches], dtype, world
+    )
+    model.eval()
 
 
 def launch(args: argparse.Namespace, dtype: str, nproc: int, backend_url: str | None) -> dict:

@@ -39,8 +39,8 @@ from trainer.loop import distributed  # noqa: E402
 from trainer.loop.device import autocast, prepare_model  # noqa: E402
 from trainer.loop.loss import token_logprobs  # noqa: E402
 from trainer.loop.microbatch import to_device  # noqa: E402
-from trainer.loop.samples import Sample, collate  # noqa: E402
-from trainer.loop.update import policy_update  # noqa: E402
+from trainer.loop.samples import Batch, Sample, collate  # noqa: E402
+from trainer.loop.update import batch_logits, policy_update  # noqa: E402
 from trainer.models.byte_model import ENDOFTEXT_ID, PRESETS, VOCAB_SIZE, build_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "trainer_throughput.json"
@@ -57,14 +57,16 @@ def make_samples(n: int, tokens: int) -> list[Sample]:
     return out
 
 
-def raw_step(model, optimizer, batch, dtype: str, world: int) -> None:
-    """The arithmetic floor: one forward, backward and AdamW step on the same tokens."""
-    device = batch.inputs.device
-    with autocast(device, dtype):
-        logits = model(input_ids=batch.inputs, attention_mask=batch.attention, use_cache=False)
-    logp = token_logprobs(logits.logits[:, :-1], batch.targets)  # (B, L-1)
-    loss = -(logp * batch.mask).sum() / batch.mask.sum()
-    (loss * world).backward()
+def raw_step(model, optimizer, batches: list[Batch], dtype: str, world: int) -> None:
+    """The arithmetic floor: a forward and backward per micro-batch (laid out as the update lays
+    them out, padded or packed: `batch_logits`), then one AdamW step, on the same tokens."""
+    tokens = sum(float(b.mask.sum()) for b in batches)
+    for batch in batches:
+        with autocast(batch.inputs.device, dtype):
+            logits = batch_logits(model, batch)  # (B, L, V)
+        logp = token_logprobs(logits[:, :-1], batch.targets)  # (B, L-1)
+        loss = -(logp * batch.mask).sum() / tokens
+        (loss * world).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -89,7 +91,7 @@ def worker(args: argparse.Namespace) -> dict | None:
         for kind in ("raw", "update"):
             start = time.perf_counter()
             if kind == "raw":
-                raw_step(model, optimizer, batch, args.dtype, ctx.world_size)
+                raw_step(model, optimizer, [batch], args.dtype, ctx.world_size)
             else:
                 policy_update(model, optimizer, samples, config, ENDOFTEXT_ID)
                 model.train()

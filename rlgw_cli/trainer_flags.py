@@ -26,6 +26,8 @@ HELP = {
     "Qwen2 and Llama)",
     "gradient_checkpointing": "recompute activations in the backward pass: less memory, ~30%% "
     "more compute",
+    "packing": "micro-batches: on (rows end to end in lines, attention kept within each row), "
+    "off (one padded row per line), auto (docs/training.md, 'Packed micro-batches')",
     "join_turns": "a session's turns as one sequence while each extends the last (default on); "
     "--no-join-turns: one sample per turn (docs/training.md)",
 }

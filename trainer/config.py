@@ -25,6 +25,7 @@ OVERLONG = ("keep", "mask", "penalize")  # a completion cut by max_tokens (finis
 IMP_WEIGHT_MODES = ("truncate", "mask")
 IMP_WEIGHT_LEVELS = ("token", "sequence")
 LR_SCHEDULES = ("constant", "linear", "cosine")
+PACKING = ("auto", "on", "off")  # micro-batches: see `packing` below
 # The string fields with a fixed set of values (the CLI offers them as its flags' choices).
 CHOICES = {
     "device": DEVICES,
@@ -36,6 +37,7 @@ CHOICES = {
     "singleton_baseline": SINGLETON_BASELINES,
     "overlong": OVERLONG,
     "lr_schedule": LR_SCHEDULES,
+    "packing": PACKING,
 }
 
 
@@ -82,7 +84,11 @@ class TrainerConfig:
     # compute (docs/training.md, "Device, precision and memory")
     device: str = "auto"  # auto: CUDA when torch sees a device, else cpu | cpu | cuda
     dtype: str = "float32"  # bfloat16: autocast forward/backward; master weights, AdamW stay fp32
-    max_tokens_per_microbatch: int = 8192  # padded tokens (samples x longest) per forward/backward
+    max_tokens_per_microbatch: int = 8192  # padded tokens (lines x longest) per forward/backward
+    # on: samples packed end to end in lines no longer than the micro-batch's longest sample,
+    # attention kept within each (trainer/loop/packing.py) | off: one sample per padded line |
+    # auto: on (measured faster on the CPU too: docs/benchmarks.md); a model that cannot pack pads
+    packing: str = "auto"
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, +~30%
     # LoRA (docs/training.md, "LoRA"): train a peft adapter instead of every weight
     lora_rank: int = 0  # 0: full weights; R: each version is an adapter of rank R (peft's r)
@@ -129,6 +135,7 @@ class TrainerConfig:
             ("singleton_baseline", SINGLETON_BASELINES),
             ("overlong", OVERLONG),
             ("lr_schedule", LR_SCHEDULES),
+            ("packing", PACKING),
         )
         for name, allowed in choices:
             if getattr(self, name) not in allowed:

@@ -38,6 +38,7 @@ def decoupled_ppo_loss(
     clip_eps_high: float | None = None,
     imp_weight_floor: float = 0.0,
     imp_weight_level: str = "token",
+    segments: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO (Fu et al. 2025, "AReaL", eq. 5), token-mean:
 
@@ -55,7 +56,8 @@ def decoupled_ppo_loss(
     mask's lower bound `floor` is IcePop's / MIS's two-sided token mask (0: none). With
     `imp_weight_level="sequence"` a whole sample (row) is masked as well when the geometric mean
     of its w_t over its output tokens, exp(mean_t log w_t), is outside [floor, cap]. Masked
-    tokens stay in the denominator: they contribute zero.
+    tokens stay in the denominator: they contribute zero. A row is a line of the batch, or,
+    where `segments` (B, T) is given (packed lines), the positions that share a segment index.
 
     `token_normalizer` replaces sum_t m_t in the denominator of the returned loss. Gradient
     accumulation passes the output-token count of the whole minibatch (over every rank), so that
@@ -94,10 +96,7 @@ def decoupled_ppo_loss(
             weight = torch.where(token_masked, torch.zeros_like(weight), weight)
         seq_masked = torch.zeros_like(over_cap)
         if imp_weight_level == "sequence":
-            per_row = mask.sum(dim=-1).clamp(min=1.0)
-            geometric = torch.exp((log_weight * mask).sum(dim=-1) / per_row)  # (B,)
-            outside = (geometric < imp_weight_floor) | (geometric > imp_weight_cap)
-            seq_masked = outside.unsqueeze(-1).expand_as(weight)
+            seq_masked = _rows_outside(log_weight, mask, segments, imp_weight_floor, imp_weight_cap)
             weight = torch.where(seq_masked, torch.zeros_like(weight), weight)
 
     objective = -(weight * surrogate * mask).sum()  # summed over tokens; normalised below
@@ -122,6 +121,27 @@ def decoupled_ppo_loss(
     metrics = {name: value / max(tokens, 1.0) for name, value in zip(METRICS, sums, strict=True)}
     metrics["tokens"] = tokens
     return loss, metrics
+
+
+def _rows_outside(
+    log_weight: torch.Tensor,
+    mask: torch.Tensor,
+    segments: torch.Tensor | None,
+    floor: float,
+    cap: float,
+) -> torch.Tensor:
+    """(B, T) True on the positions of rows whose geometric-mean weight exp(mean_t log w_t) over
+    their masked tokens is outside [floor, cap]; a row is a line, or a segment index of
+    `segments` (B, T; -1 on padding, which carries no mask)."""
+    if segments is None:  # a row per line
+        segments = torch.arange(mask.shape[0], device=mask.device).unsqueeze(1).expand_as(mask)
+    ids = segments.clamp(min=0).reshape(-1)  # (B*T,)
+    n = int(ids.max()) + 1 if ids.numel() else 1
+    per_row = mask.new_zeros(n).index_add_(0, ids, mask.reshape(-1)).clamp(min=1.0)  # (rows,)
+    sums = mask.new_zeros(n).index_add_(0, ids, (log_weight * mask).reshape(-1))  # (rows,)
+    geometric = torch.exp(sums / per_row)
+    outside = (geometric < floor) | (geometric > cap)
+    return outside[ids].view_as(mask)
 
 
 def token_entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> float:

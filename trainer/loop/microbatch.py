@@ -1,9 +1,10 @@
 """Token-budgeted micro-batches: rows packed so that rows x longest <= the budget.
 
 A row is a sample, or the samples of one training sequence (`sequence_rows`), never split.
-Padding counts: a micro-batch costs its padded rectangle, B x L tokens. Rows are packed in
-length order (shortest first), which keeps padding small; the order does not change the update,
-since gradients are summed over micro-batches.
+Padding counts: a micro-batch costs its padded rectangle, B x L tokens. Rows are packed in length
+order (shortest first), which keeps padding small; the order does not change the update, since
+gradients are summed over micro-batches. (trainer/loop/packing.py lays several rows end to end in
+a line instead.)
 """
 
 from __future__ import annotations
@@ -23,19 +24,25 @@ def sample_tokens(sample: Sample) -> int:
     return len(sample.prompt_ids) + len(sample.output_ids)
 
 
+def check_row_length(row: list[Sample], max_tokens: int) -> int:
+    """The row's token count; SampleTooLong if it exceeds the micro-batch budget."""
+    length = len(row_tokens(row))
+    if length > max_tokens:
+        raise SampleTooLong(
+            f"sample {row[-1].completion_id} has {length} tokens, more than "
+            f"max_tokens_per_microbatch={max_tokens}; keep max_tokens_per_sample <= "
+            "max_tokens_per_microbatch so that build_samples skips it with a reason"
+        )
+    return length
+
+
 def pack_microbatches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
     """Greedy packing of the samples' rows in ascending length: each group's rows x longest <=
     max_tokens; a training sequence's samples stay in one group."""
     groups: list[list[Sample]] = []
     current: list[list[Sample]] = []
     for row in sorted(sequence_rows(samples), key=lambda r: len(row_tokens(r))):
-        length = len(row_tokens(row))
-        if length > max_tokens:
-            raise SampleTooLong(
-                f"sample {row[-1].completion_id} has {length} tokens, more than "
-                f"max_tokens_per_microbatch={max_tokens}; keep max_tokens_per_sample <= "
-                "max_tokens_per_microbatch so that build_samples skips it with a reason"
-            )
+        length = check_row_length(row, max_tokens)
         if current and (len(current) + 1) * length > max_tokens:
             groups.append([s for r in current for s in r])
             current = []

@@ -217,10 +217,12 @@ def row_tokens(row: list[Sample]) -> list[int]:
 
 @dataclass
 class Batch:
-    """Rows padded into tensors; position t of `targets` is predicted from inputs[:, :t+1]. A row
-    is one sample, or the samples of one training sequence (`sequence_rows`)."""
+    """Lines of tokens in tensors; position t of `targets` is predicted from inputs[:, :t+1]. A
+    line holds one row, right-padded (`collate`), or several rows end to end (`collate_lines`,
+    packed: `positions` restart at each row). A row is one sample, or the samples of one
+    training sequence (`sequence_rows`)."""
 
-    inputs: torch.Tensor  # (B, L) prompt + output, right-padded
+    inputs: torch.Tensor  # (B, L) each row's prompt + output, rows end to end, right-padded
     attention: torch.Tensor  # (B, L) 1 on real tokens
     targets: torch.Tensor  # (B, L-1) inputs shifted by one
     mask: torch.Tensor  # (B, L-1) 1 where the target is a trained output token
@@ -230,34 +232,62 @@ class Batch:
     sampling: RowSampling | None = None
     # (B, L-1) the version that generated each output target, -1 elsewhere; None: not known.
     versions: torch.Tensor | None = None
+    # Packed lines only (None: one row per line): (B, L) each token's position within its row,
+    # from 0 at each row's first token (the model keeps attention within a row by them), and
+    # (B, L-1) the index of the row each target lies in, -1 on padding.
+    positions: torch.Tensor | None = None
+    segments: torch.Tensor | None = None
 
 
 def collate(samples: list[Sample], pad_id: int, stop_ids: tuple[int, ...] = ()) -> Batch:
-    """The samples' rows padded into one batch. `stop_ids`: the model's end-of-sequence ids,
-    which a completion sampled with min_tokens could not produce before it had that many."""
-    rows = sequence_rows(samples)
-    tokens = [row_tokens(row) for row in rows]
-    length = max(len(t) for t in tokens)
-    b = len(rows)
+    """The samples' rows padded into one batch, a row per line. `stop_ids`: the model's
+    end-of-sequence ids, which a completion sampled with min_tokens could not produce before it
+    had that many."""
+    return collate_lines([[row] for row in sequence_rows(samples)], pad_id, stop_ids)
+
+
+def collate_lines(
+    lines: list[list[list[Sample]]], pad_id: int, stop_ids: tuple[int, ...] = ()
+) -> Batch:
+    """Lines of rows (`sequence_rows`) into one batch: each line's rows end to end, the line
+    right-padded to the longest. With a row per line this is the padded batch; with several,
+    a packed one (`positions`, `segments`). `stop_ids`: as in `collate`."""
+    packed = any(len(line) > 1 for line in lines)
+    length = max(sum(len(row_tokens(row)) for row in line) for line in lines)
+    b = len(lines)
     inputs = torch.full((b, length), pad_id, dtype=torch.long)
     attention = torch.zeros(b, length, dtype=torch.long)
+    positions = torch.zeros(b, length, dtype=torch.long)
+    segments = torch.full((b, length - 1), -1, dtype=torch.long)
     mask = torch.zeros(b, length - 1)
     behave = torch.zeros(b, length - 1)
     advantages = torch.zeros(b, length - 1)
     versions = torch.full((b, length - 1), -1, dtype=torch.long)
     spans: list[list[tuple[int, int, SamplingSettings | None]]] = []
-    for i, (row, ids) in enumerate(zip(rows, tokens, strict=True)):
-        inputs[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
+    index = 0  # the row's index in the batch
+    for i, line in enumerate(lines):
         spans.append([])
-        for s in row:
-            p, o = len(s.prompt_ids), len(s.output_ids)
-            # The output token at position p + j is predicted at target index p + j - 1.
-            trained = torch.tensor(s.token_mask(), dtype=mask.dtype)
-            mask[i, p - 1 : p + o - 1] = trained
-            behave[i, p - 1 : p + o - 1] = torch.tensor(s.behave_logprobs)
-            advantages[i, p - 1 : p + o - 1] = s.advantage * trained
-            versions[i, p - 1 : p + o - 1] = torch.tensor(s.token_versions(), dtype=torch.long)
-            spans[i].append((p - 1, p + o - 1, s.sampling))
+        at = 0  # where the row starts in its line
+        for row in line:
+            ids = row_tokens(row)
+            n = len(ids)
+            inputs[i, at : at + n] = torch.tensor(ids)
+            attention[i, at : at + n] = 1
+            positions[i, at : at + n] = torch.arange(n)
+            segments[i, at : at + n - 1] = index
+            for s in row:
+                p, o = at + len(s.prompt_ids), len(s.output_ids)
+                # The output token at position p + j is predicted at target index p + j - 1.
+                trained = torch.tensor(s.token_mask(), dtype=mask.dtype)
+                mask[i, p - 1 : p + o - 1] = trained
+                behave[i, p - 1 : p + o - 1] = torch.tensor(s.behave_logprobs)
+                advantages[i, p - 1 : p + o - 1] = s.advantage * trained
+                versions[i, p - 1 : p + o - 1] = torch.tensor(s.token_versions(), dtype=torch.long)
+                spans[i].append((p - 1, p + o - 1, s.sampling))
+            at, index = at + n, index + 1
+        positions[i, at:] = torch.arange(length - at)  # the padding: a segment of its own
     sampling = RowSampling.of(spans, mask.shape, stop_ids)
-    return Batch(inputs, attention, inputs[:, 1:], mask, behave, advantages, sampling, versions)
+    batch = Batch(inputs, attention, inputs[:, 1:], mask, behave, advantages, sampling, versions)
+    if packed:
+        batch.positions, batch.segments = positions, segments
+    return batch

@@ -14,8 +14,9 @@ from . import collectives
 from .device import autocast, check_placement
 from .distributed import is_distributed_model
 from .loss import METRICS, decoupled_ppo_loss, token_entropy_sum, token_logprobs
-from .microbatch import empty_batch, pack_microbatches, to_device
-from .samples import Batch, Sample, collate, sequence_rows
+from .microbatch import empty_batch, to_device
+from .packing import collate_microbatches, use_packing
+from .samples import Batch, Sample, sequence_rows
 from .scoring import forget_logits, last_logits, scoring_mode
 from .snapshot import TrainingSnapshot
 
@@ -54,9 +55,20 @@ class Plan:
     tokens: list[float]  # output tokens of the whole minibatch over all ranks: the loss normaliser
 
 
+def batch_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The model's logits (B, L, V) over the batch's lines. A packed batch passes its positions
+    and no attention mask: transformers then keeps attention within each row (packing.py); the
+    cache must be off, or it would not (a cache turns its packed-sequence detection off)."""
+    if batch.positions is None:
+        out = model(input_ids=batch.inputs, attention_mask=batch.attention, use_cache=False)
+    else:
+        out = model(input_ids=batch.inputs, position_ids=batch.positions, use_cache=False)
+    return out.logits
+
+
 def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """log pi(targets) under `model`: (B, L-1), at each completion's temperature and masks."""
-    logits = model(input_ids=batch.inputs, attention_mask=batch.attention, use_cache=False).logits
+    logits = batch_logits(model, batch)  # (B, L, V)
     # logits (B, L, V) -> (B, L-1), each completion's under the processing it was sampled with
     return token_logprobs(logits[:, :-1], batch.targets, batch.sampling)
 
@@ -67,23 +79,29 @@ def plan_update(
     pad_id: int,
     device: torch.device,
     stop_ids: tuple[int, ...] = (),
+    *,
+    packed: bool = False,
 ) -> Plan:
     """Minibatches (disjoint slices of the rows, one optimizer step each); each rank takes every
     world-th row of a minibatch and packs its share into micro-batches within the budget. A row
-    is a sample, or a training sequence's samples (`sequence_rows`), never split."""
+    is a sample, or a training sequence's samples (`sequence_rows`), never split. `packed`:
+    several rows to a line (trainer/loop/packing.py); otherwise a padded row per line."""
     world, rank = collectives.world_size(), collectives.rank()
     rows = sequence_rows(samples)
     minibatches = [rows[i :: config.minibatches] for i in range(config.minibatches)]
     shares = [[s for row in m[rank::world] for s in row] for m in minibatches if m]
-    packed = [pack_microbatches(share, config.max_tokens_per_microbatch) for share in shares]
-    counts = collectives.all_reduce(torch.tensor([len(p) for p in packed], device=device), "max")
+    budget = config.max_tokens_per_microbatch
+    batches = [
+        collate_microbatches(share, budget, pad_id, stop_ids, packed=packed) for share in shares
+    ]
+    counts = collectives.all_reduce(torch.tensor([len(b) for b in batches], device=device), "max")
     tokens = collectives.all_reduce(
         torch.tensor([sum(s.trained_tokens for s in share) for share in shares], device=device)
     )
     microbatches = [
-        [to_device(collate(group, pad_id, stop_ids), device) for group in groups]
-        + [empty_batch(pad_id, device) for _ in range(int(count) - len(groups))]
-        for groups, count in zip(packed, counts.tolist(), strict=True)
+        [to_device(batch, device) for batch in mine]
+        + [empty_batch(pad_id, device) for _ in range(int(count) - len(mine))]
+        for mine, count in zip(batches, counts.tolist(), strict=True)
     ]
     return Plan(microbatches, [max(float(t), 1.0) for t in tokens.tolist()])
 
@@ -146,7 +164,8 @@ def policy_update(
         current_version = max((v for s in samples for v in s.token_versions()), default=0)
     model.train()  # gradient checkpointing in transformers needs it; dropout is off
     try:
-        plan = plan_update(samples, config, pad_id, device, stop_ids)
+        packed = use_packing(config, model)
+        plan = plan_update(samples, config, pad_id, device, stop_ids, packed=packed)
         metrics = _optimise(
             model, optimizer, plan, config, device, steps, scheduled, current_version, loss_hook
         )
@@ -229,6 +248,7 @@ def _optimise(
                     imp_weight_mode=config.imp_weight_mode,
                     imp_weight_floor=config.imp_weight_floor,
                     imp_weight_level=config.imp_weight_level,
+                    segments=batch.segments,
                     token_normalizer=n_tokens,  # sum over micro-batches and ranks = minibatch loss
                 )
                 if loss_hook is not None:
