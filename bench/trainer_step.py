@@ -14,6 +14,7 @@ whole step over the raw step. Target (issue 13): the whole step >= 80% of the ra
     .venv/bin/python bench/trainer_step.py                         # fp32 and bf16, no backend
     .venv/bin/python bench/trainer_step.py --with-backend          # also with one vLLM backend
     .venv/bin/python bench/trainer_step.py --nproc 1,2             # also in 2 processes (FSDP2)
+    .venv/bin/python bench/trainer_step.py --with-backend --quick  # the loop, real model (minutes)
 
 JSON goes to bench/results/trainer_step.json; a markdown table is printed.
 """
@@ -227,6 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", default="1", help="process counts to run, e.g. 1,2 (FSDP2, gloo)")
     p.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432")
     p.add_argument("--out", default=str(RESULTS / "trainer_step.json"))
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the loop on the real default model instead (bench/trainer_loop.py): minutes, its "
+        "JSON the last line",
+    )
+    p.add_argument("--versions", type=int, default=5, help="--quick: measured intervals")
+    p.add_argument("--no-overlap", action="store_true", help="--quick: overlap_publish off")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # a rank: its result file
     p.add_argument("--database", help=argparse.SUPPRESS)
     p.add_argument("--backend-url", help=argparse.SUPPRESS)
@@ -238,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
             args.worker.write_text(json.dumps(result))
         return 0
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.quick:
+        from bench.trainer_loop import print_result, run_quick
+        from rlgw.backend_launcher import stop_backend
+
+        print_result(run_quick(args, RESULTS, start_backend, stop_backend))
+        return 0
     started = datetime.now(UTC)
     model_dir(args.preset)  # created once, before any rank needs it
     counts = [int(n) for n in args.nproc.split(",")]

@@ -48,12 +48,21 @@ def register(engine: Engine, model: str, path: Path, backend_url: str | None) ->
 
 
 def seed_sessions(
-    engine: Engine, model: str, *, version: int, sessions: int, tokens: int, seed: int
+    engine: Engine,
+    model: str,
+    *,
+    version: int,
+    sessions: int,
+    tokens: int,
+    seed: int,
+    prompt: int | None = None,
+    first: int = 0,
 ) -> list[Sample]:
-    """`sessions` closed sessions of one completion each (`tokens` ids, a quarter prompt), served
-    by `version`, rewarded +1 and -1 in turn; the samples the trainer will build from them."""
+    """`sessions` closed sessions of one completion each (`tokens` ids, `prompt` of them the
+    prompt: a quarter by default), served by `version`, rewarded +1 and -1 in turn (counting from
+    `first`); the samples the trainer will build from them."""
     gen = torch.Generator().manual_seed(seed)
-    prompt = tokens // 4
+    prompt = tokens // 4 if prompt is None else prompt
     now = datetime.now(UTC)
     samples = []
     with Session(engine) as db, db.begin():
@@ -61,7 +70,7 @@ def seed_sessions(
             ids = torch.randint(0, 256, (tokens,), generator=gen).tolist()
             sid, cid = f"bench-{uuid.uuid4().hex}", f"cmpl-{uuid.uuid4().hex}"
             behave = [BEHAVE_LOGPROB] * (tokens - prompt)
-            reward = (-1.0) ** i
+            reward = (-1.0) ** (first + i)
             db.add(AgentSession(id=sid, status="closed", train=True, closed_at=now))
             db.flush()
             db.add(

@@ -146,11 +146,13 @@ def _rows_outside(
 
 def token_entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> float:
     """sum_t m_t H(pi(. | t)) over the positions of logits (B, T, V) where mask (B, T) is 1,
-    H = -sum_v p_v log p_v in nats, computed in fp32 without a gradient."""
+    H = -sum_v p_v log p_v in nats, computed in fp32 without a gradient, at those positions only
+    (a prompt's or padding's softmax over the vocabulary is a waste)."""
     with torch.no_grad():
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)  # (B, T)
-        return float((entropy * mask.to(entropy.dtype)).sum())
+        kept = mask != 0  # (B, T)
+        logprobs = torch.log_softmax(logits[kept].float(), dim=-1)  # (N, V)
+        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)  # (N,)
+        return float((entropy * mask[kept].to(entropy.dtype)).sum())
 
 
 def token_logprobs(

@@ -40,7 +40,7 @@ from rlgw.settings import Settings
 from rlgw.trajectory import load_trajectory
 from rlgw.version_lineage import head_version, lineage
 
-from ..backends.parity import reference_scores
+from ..backends.parity import ProbeScores, reference_scores
 from ..config import TrainerConfig
 from ..errors import VersionConflict, database_errors
 from ..gate.governor import Governor
@@ -101,6 +101,7 @@ class OnlineTrainer(VersionPublishing):
         self.rank0 = is_rank0()
         self.version, reference, base_path = 0, None, None
         self.inflight: InFlight | None = None  # a version being published in the background
+        self.launched_scores: ProbeScores | None = None  # its probe scores, until the next update
         if self.rank0:
             self.db_sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
             with database_errors():
@@ -154,7 +155,7 @@ class OnlineTrainer(VersionPublishing):
             reference = with_adapter(reference, self.policy.lora)
         self._tell("reload", version)
         message = self.policy.reset_to(state_dict(reference), self.optimizer_path, version)
-        self.version = version
+        self.version, self.launched_scores = version, None
         self._remember_served()
         self.log(f"[train] {message}")
         self.log(f"[train] {self.model_name}: continuing from version {version}")
@@ -384,7 +385,9 @@ class OnlineTrainer(VersionPublishing):
         with self._update_window() as window:
             # update the policy (every rank)
             self._tell("train", (samples, self.version))
-            before = reference_scores(self.model)
+            # the probe scores of the weights it starts from: taken by the last launch, if any
+            before, self.launched_scores = self.launched_scores, None
+            before = before or reference_scores(self.model)
             try:
                 metrics = self.policy.update(samples, self.version)
             except UpdateOutOfMemory:

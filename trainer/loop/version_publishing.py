@@ -16,7 +16,7 @@ from rlgw import test_hooks
 from rlgw.governance.rollbacks import rolled_back_since
 from rlgw.version_lineage import head_version
 
-from ..backends.parity import reference_scores
+from ..backends.parity import ProbeScores, reference_scores
 from ..errors import VersionConflict
 from ..publishing.publish import Published, swap_metrics
 from ..publishing.versions import latest_version
@@ -45,6 +45,7 @@ class VersionPublishing:
     """Recording, pushing and reporting versions (see the module docstring)."""
 
     inflight: InFlight | None
+    launched_scores: ProbeScores | None
 
     def _lost(self, lost: ClaimLost, session_ids: list[str]) -> None:
         """The update's claim was lost before its commit (its lease passed: this trainer was
@@ -98,7 +99,7 @@ class VersionPublishing:
         next update changes the model and the optimizer in place), and the trainer takes on the
         version it will be: the next update's samples are judged against it."""
         lora = self.policy.lora is not None
-        pending.reference_new = reference_scores(self.model)
+        pending.reference_new = self.launched_scores = reference_scores(self.model)
         pending.moments = self.policy.freeze_moments(pending.moments)
         with self.db_sessions() as db:
             pending.expected = latest_version(db, self.publisher.model.id) + 1
