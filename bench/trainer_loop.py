@@ -66,7 +66,8 @@ def run_quick(args, results_dir, start_backend, stop_backend) -> dict:
             served = served_times(trainer)
             finished = 0
             while finished < versions:
-                call = trainer.finish if finished + 1 == versions else trainer.advance
+                last = finished + 1 == versions and trainer.inflight is not None
+                call = trainer.finish if last else trainer.advance  # no overlap: all inline
                 if call() is not None:
                     finished += 1
             raws = raw_steps(trainer, batches[-1], config)
