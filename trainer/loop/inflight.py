@@ -49,6 +49,7 @@ class PendingVersion:
     expected: int = 0  # the number it will get (in the background: the next one free)
     reference_new: ProbeScores | None = None  # its own probe scores; None: from `weights`
 
+
 @dataclass
 class Outcome:
     """What became of a pending version: recorded and pushed, or the error that stopped it."""
