@@ -30,8 +30,9 @@ from .phases import PhaseClock
 
 @dataclass
 class PendingVersion:
-    """Everything needed to record and push one trained version, none of it shared with the
-    model or the optimizer that go on training."""
+    """Everything needed to record and push one trained version. In the background
+    (`OnlineTrainer._launch`), none of it is shared with the model or the optimizer that go on
+    training; on the trainer's own thread, `weights` is the model itself."""
 
     parent: int  # the version it was trained from
     payload: Any  # kind.write's input: tensors, or a frozen adapter (in the background)
