@@ -6,20 +6,18 @@ that cannot be recorded takes the update built on it down with it."""
 from __future__ import annotations
 
 import json
-import random
 import threading
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from trainer_sessions import rewarded_sessions
 
 from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.models import AgentSession, Completion, Consumption, PolicyVersion, Reward
-from rlgw.db.token_arrays import pack_ids, pack_logprobs
+from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import store_model
 from trainer.config import TrainerConfig
 from trainer.loop.leases import ClaimLost
@@ -30,39 +28,6 @@ from trainer.models.weights import state_dict
 from conftest import MODEL_NAME, gateway_settings
 
 REWARDS = [1.0, -1.0, 0.5, -0.5, 1.0, 0.0, -1.0, 0.25]  # two updates of four sessions
-
-
-def rewarded_sessions(engine, rewards: list[float]) -> list[str]:
-    """Closed sessions of one completion each of the tiny model, served by version 0, created
-    one second apart (claims take the oldest first): the same in every database."""
-    rng = random.Random(0)
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    ids = []
-    with Session(engine) as db, db.begin():
-        for i, reward in enumerate(rewards):
-            sid, at = f"s-{i:02d}", start + timedelta(seconds=i)
-            db.add(AgentSession(id=sid, status="closed", created_at=at, closed_at=at))
-            db.flush()
-            output = [rng.randrange(3, 200) for _ in range(6)]
-            db.add(
-                Completion(
-                    id=f"c-{i:02d}",
-                    session_id=sid,
-                    api="chat.completions",
-                    model=MODEL_NAME,
-                    policy_version=0,
-                    prompt_token_ids=pack_ids([rng.randrange(3, 200) for _ in range(8)]),
-                    output_token_ids=pack_ids(output),
-                    output_logprobs=pack_logprobs([-5.5] * len(output)),
-                    status="complete",
-                    stream=False,
-                    request={},
-                    created_at=at,
-                )
-            )
-            db.add(Reward(session_id=sid, value=reward, scope="session"))
-            ids.append(sid)
-    return ids
 
 
 def trainer_on_fresh_database(make_database, tiny_model_dir: Path, home: Path, **overrides):

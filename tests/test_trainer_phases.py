@@ -4,19 +4,16 @@ the `[phases]` line after its progress line, and writes them to TensorBoard."""
 
 from __future__ import annotations
 
-import random
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from trainer_sessions import rewarded_sessions
 
 from migrations.runner import upgrade
 from rlgw.db.engine import make_sync_engine, sync_session_factory
-from rlgw.db.models import AgentSession, Completion, PolicyVersion, Reward
-from rlgw.db.token_arrays import pack_ids, pack_logprobs
+from rlgw.db.models import PolicyVersion
 from rlgw.registry import store_model
 from trainer.config import TrainerConfig
 from trainer.loop.phases import PHASES, other_seconds
@@ -25,35 +22,6 @@ from trainer.loop.service import OnlineTrainer
 from conftest import MODEL_NAME, gateway_settings
 
 TRAINER_PHASES = PHASES[: PHASES.index("commit") + 1]  # no backend: no swap phases
-
-
-def rewarded_sessions(engine, rewards: list[float]) -> None:
-    """Closed sessions of one completion each of the tiny model, served by version 0."""
-    rng = random.Random(0)
-    with Session(engine) as db, db.begin():
-        for reward in rewards:
-            sid = f"s-{uuid.uuid4().hex[:12]}"
-            now = datetime.now(UTC)
-            db.add(AgentSession(id=sid, status="closed", created_at=now, closed_at=now))
-            db.flush()
-            output = [rng.randrange(3, 200) for _ in range(6)]
-            db.add(
-                Completion(
-                    id=f"c-{uuid.uuid4().hex[:12]}",
-                    session_id=sid,
-                    api="chat.completions",
-                    model=MODEL_NAME,
-                    policy_version=0,
-                    prompt_token_ids=pack_ids([rng.randrange(3, 200) for _ in range(8)]),
-                    output_token_ids=pack_ids(output),
-                    output_logprobs=pack_logprobs([-5.5] * len(output)),
-                    status="complete",
-                    stream=False,
-                    request={},
-                    created_at=now,
-                )
-            )
-            db.add(Reward(session_id=sid, value=reward, scope="session"))
 
 
 def test_a_version_records_prints_and_logs_where_its_time_went(
