@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.loop.loss import decoupled_ppo_loss, token_entropy_sum
+from trainer.loop.loss import decoupled_ppo_loss, entropy_sum, vocabulary_logprobs
 
 
 def reference(logp, prox, behave, adv, mask, *, eps, eps_high, cap, floor, mode, level):
@@ -121,4 +121,4 @@ def test_entropy_sum_matches_the_definition():
                 z = [math.exp(v) for v in logits[b, t].tolist()]
                 p = [v / sum(z) for v in z]
                 want -= sum(q * math.log(q) for q in p)
-    assert token_entropy_sum(logits, mask) == pytest.approx(want, rel=1e-6)
+    assert entropy_sum(vocabulary_logprobs(logits), mask) == pytest.approx(want, rel=1e-6)

@@ -144,24 +144,36 @@ def _rows_outside(
     return outside[ids].view_as(mask)
 
 
-def token_entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> float:
-    """sum_t m_t H(pi(. | t)) over the positions of logits (B, T, V) where mask (B, T) is 1,
-    H = -sum_v p_v log p_v in nats, computed in fp32 without a gradient, at those positions only
-    (a prompt's or padding's softmax over the vocabulary is a waste)."""
+def vocabulary_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the vocabulary, in fp32: (B, T, V) -> (B, T, V), at temperature 1."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def entropy_sum(logprobs: torch.Tensor, mask: torch.Tensor) -> float:
+    """sum_t m_t H(pi(. | t)) over the positions of `logprobs` (B, T, V; `vocabulary_logprobs`,
+    the update's own: no second pass over the vocabulary) where mask (B, T) is nonzero,
+    H = -sum_v p_v log p_v in nats, without a gradient, at those positions only (a prompt's or
+    padding's entropy is a waste)."""
     with torch.no_grad():
         kept = mask != 0  # (B, T)
-        logprobs = torch.log_softmax(logits[kept].float(), dim=-1)  # (N, V)
-        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)  # (N,)
+        table = logprobs.detach()[kept]  # (N, V)
+        entropy = -(table.exp() * table).sum(dim=-1)  # (N,)
         return float((entropy * mask[kept].to(entropy.dtype)).sum())
 
 
 def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, sampling: RowSampling | None = None
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    sampling: RowSampling | None = None,
+    *,
+    logprobs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log p(tokens[:, t] | ...) from logits (B, T, V) predicting tokens (B, T) -> (B, T).
     `sampling`: the positions to score under the temperature and masks their completion was
-    sampled with (trainer/loop/sampling_processing.py); None: every position at temperature 1."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    sampled with (trainer/loop/sampling_processing.py); None: every position at temperature 1.
+    `logprobs`: `vocabulary_logprobs(logits)`, where the caller has it already."""
+    if logprobs is None:
+        logprobs = vocabulary_logprobs(logits)  # (B, T, V)
     plain = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
     if sampling is None:
         return plain

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 _PATCHED = "_rlgw_fp32_head"
-LAST_LOGITS = "_rlgw_last_logits"  # the head's latest logits in train mode, for the entropy
 
 
 def disable_dropout(model: torch.nn.Module) -> int:
@@ -44,11 +43,7 @@ def disable_dropout(model: torch.nn.Module) -> int:
 def _fp32_head_forward(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         bias = None if self.bias is None else self.bias.float()
-        logits = F.linear(hidden.float(), self.weight.float(), bias)
-    # Kept (no copy: the same tensor the graph holds) for the update's entropy metric; train mode
-    # only, and dropped by `forget_logits` when the update ends.
-    setattr(self, LAST_LOGITS, logits.detach() if self.training else None)
-    return logits
+        return F.linear(hidden.float(), self.weight.float(), bias)
 
 
 def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -79,14 +74,3 @@ def scoring_mode(model: torch.nn.Module) -> torch.nn.Module:
     disable_dropout(model)
     fp32_head(model)
     return model
-
-
-def last_logits(model: torch.nn.Module) -> torch.Tensor | None:
-    """The logits of the model's latest forward in train mode (None if its head is not ours)."""
-    return getattr(output_head(model), LAST_LOGITS, None)
-
-
-def forget_logits(model: torch.nn.Module) -> None:
-    head = output_head(model)
-    if head is not None and hasattr(head, LAST_LOGITS):
-        setattr(head, LAST_LOGITS, None)

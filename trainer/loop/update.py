@@ -13,11 +13,17 @@ from ..config import TrainerConfig
 from . import collectives
 from .device import autocast, check_placement
 from .distributed import is_distributed_model
-from .loss import METRICS, decoupled_ppo_loss, token_entropy_sum, token_logprobs
+from .loss import (
+    METRICS,
+    decoupled_ppo_loss,
+    entropy_sum,
+    token_logprobs,
+    vocabulary_logprobs,
+)
 from .microbatch import empty_batch, to_device
 from .packing import collate_microbatches, use_packing
 from .samples import Batch, Sample, sequence_rows
-from .scoring import forget_logits, last_logits, scoring_mode
+from .scoring import scoring_mode
 from .snapshot import TrainingSnapshot
 
 # Sums kept over the first pass besides the loss's metrics: entropy and KL(behave || prox) split
@@ -53,6 +59,7 @@ class Plan:
 
     microbatches: list[list[Batch]]  # [minibatch][micro-batch]; equal counts on every rank
     tokens: list[float]  # output tokens of the whole minibatch over all ranks: the loss normaliser
+    padding: float = 0.0  # the share of padding among every rank's micro-batches' positions
 
 
 def batch_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -68,9 +75,16 @@ def batch_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 
 def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """log pi(targets) under `model`: (B, L-1), at each completion's temperature and masks."""
-    logits = batch_logits(model, batch)  # (B, L, V)
-    # logits (B, L, V) -> (B, L-1), each completion's under the processing it was sampled with
-    return token_logprobs(logits[:, :-1], batch.targets, batch.sampling)
+    return batch_scores(model, batch)[0]
+
+
+def batch_scores(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch_logprobs`, and the log-softmax over the vocabulary at temperature 1 it was taken
+    from (B, L-1, V; the same tensor the graph holds: the entropy metric reuses it)."""
+    logits = batch_logits(model, batch)[:, :-1]  # (B, L-1, V): the positions that predict
+    table = vocabulary_logprobs(logits)
+    # each completion's log-probs under the processing it was sampled with
+    return token_logprobs(logits, batch.targets, batch.sampling, logprobs=table), table
 
 
 def plan_update(
@@ -98,12 +112,20 @@ def plan_update(
     tokens = collectives.all_reduce(
         torch.tensor([sum(s.trained_tokens for s in share) for share in shares], device=device)
     )
+    lines = [b for share in batches for b in share]
+    positions = collectives.all_reduce(  # [all positions, real tokens] over every rank
+        torch.tensor(
+            [sum(b.attention.numel() for b in lines), sum(int(b.attention.sum()) for b in lines)],
+            device=device,
+        )
+    ).tolist()
     microbatches = [
         [to_device(batch, device) for batch in mine]
         + [empty_batch(pad_id, device) for _ in range(int(count) - len(mine))]
         for mine, count in zip(batches, counts.tolist(), strict=True)
     ]
-    return Plan(microbatches, [max(float(t), 1.0) for t in tokens.tolist()])
+    padding = 1.0 - positions[1] / max(positions[0], 1)
+    return Plan(microbatches, [max(float(t), 1.0) for t in tokens.tolist()], padding)
 
 
 def policy_update(
@@ -177,7 +199,6 @@ def policy_update(
             snapshot.restore(model, optimizer)
         raise
     finally:
-        forget_logits(model)
         model.eval()
     if failure is not None:
         optimizer.zero_grad(set_to_none=True)
@@ -210,7 +231,6 @@ def _optimise(
         proximal = [
             [batch_logprobs(model, b) for b in mbs] for mbs in plan.microbatches[first_fresh:]
         ]
-    forget_logits(model)
     timings = {  # wall seconds (policy_update's docstring)
         "proximal_s": _clock(device) - t_proximal if proximal else 0.0,
         "forward_backward_s": 0.0,
@@ -231,11 +251,12 @@ def _optimise(
             finite = True
             for j, batch in enumerate(microbatches):
                 with autocast(device, config.dtype):
-                    logp = batch_logprobs(model, batch)
+                    logp, table = batch_scores(model, batch)
                 first = epoch == 0 and i == 0
                 prox = logp.detach() if first else proximal[i - first_fresh][j]
                 if epoch == 0:  # prox is the same every pass: measure it once
-                    _first_pass_sums(extra, model, batch, prox, current_version)
+                    _first_pass_sums(extra, table, batch, prox, current_version)
+                del table  # held by the graph until the backward, no longer
                 loss, metrics = decoupled_ppo_loss(
                     logp,
                     prox,
@@ -297,6 +318,7 @@ def _optimise(
         "entropy": passes["entropy"] / first_pass_tokens,
         "stale_tokens": passes["stale_tokens"],
         "fresh_tokens": passes["fresh_tokens"],
+        "padding_frac": plan.padding,
     }
     # Each KL only where it has tokens (a batch of fresh samples says nothing of staleness).
     for kl, n in (("kl_staleness", "stale_tokens"), ("kl_mismatch", "fresh_tokens")):
@@ -315,17 +337,14 @@ def _clock(device: torch.device) -> float:
 
 def _first_pass_sums(
     extra: dict[str, float],
-    model: torch.nn.Module,
+    logprobs: torch.Tensor,
     batch: Batch,
     prox: torch.Tensor,
     current_version: int,
 ) -> None:
-    """Add one micro-batch's entropy (of the logits just computed) and its KL(behave || prox)
-    split by each token's generating version to `extra`."""
-    logits = last_logits(model)
-    if logits is not None:
-        extra["entropy"] += token_entropy_sum(logits[:, :-1], batch.mask)
-    forget_logits(model)
+    """Add one micro-batch's entropy (from its log-softmax over the vocabulary, `batch_scores`)
+    and its KL(behave || prox) split by each token's generating version to `extra`."""
+    extra["entropy"] += entropy_sum(logprobs, batch.mask)
     if batch.versions is None:
         return
     with torch.no_grad():
