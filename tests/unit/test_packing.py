@@ -160,6 +160,22 @@ def test_packed_micro_batches_hold_less_padding_than_rectangles() -> None:
     assert sum(b.attention.sum() for b in packed) == sum(b.attention.sum() for b in padded)
 
 
+def test_the_update_reports_the_padding_its_micro_batches_held() -> None:
+    samples, cpu = mixed_samples(), torch.device("cpu")
+    budget = 3 * max(len(row_tokens(r)) for r in sequence_rows(samples))
+    for packing in ("on", "off"):
+        cfg = TrainerConfig(
+            max_tokens_per_sample=budget, max_tokens_per_microbatch=budget, packing=packing
+        )
+        plan = plan_update(samples, cfg, PAD_ID, cpu, packed=packing == "on")
+        assert plan.padding == pytest.approx(padding_fraction(plan.microbatches[0]))
+        model = tiny_model(2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        metrics = policy_update(model, optimizer, samples, cfg, PAD_ID)
+        assert metrics["padding_frac"] == pytest.approx(plan.padding), packing
+        assert 0 < plan.padding < 1
+
+
 def test_the_sequence_mask_judges_each_packed_row_by_its_own_tokens() -> None:
     """Two rows in one line: the first's weights are far below the floor, the second's at 1."""
     logp = torch.zeros(1, 6)

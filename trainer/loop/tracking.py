@@ -43,6 +43,7 @@ UPDATE_METRICS = {  # policy_update's metric -> its tag
     "imp_token_masked_frac": "importance/token_masked_frac",
     "imp_seq_masked_frac": "importance/seq_masked_frac",
     "entropy": "policy/entropy",
+    "padding_frac": "time/padding_frac",  # the micro-batches' padding share (packing.py)
     "kl_staleness": "policy/kl_staleness",
     "kl_mismatch": "policy/kl_mismatch",
     "lr": "optim/lr",
