@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -195,4 +196,43 @@ def test_no_overlap_where_generation_is_paused_for_updates(
         assert report is not None and report.version == 1 and trainer.inflight is None
     finally:
         trainer.close()
+    engine.dispose()
+
+
+def test_a_version_s_step_time_ends_when_it_is_served_not_when_the_next_update_ends(
+    make_database, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Version 1 is pushed while version 2's update runs (made 2 s slower here); version 1's
+    `step_s` runs from its claim to its push's return, without the rest of that update."""
+    trainer, engine, _ = trainer_on_fresh_database(make_database, tiny_model_dir, tmp_path)
+    update, push, launch = trainer.policy.update, trainer.publisher.push, trainer._launch
+    claimed, served, updates = [], [], []
+
+    def slow_second_update(*args, **kwargs):
+        metrics = update(*args, **kwargs)
+        updates.append(1)
+        if len(updates) == 2:
+            time.sleep(2.0)
+        return metrics
+
+    def timed_push(*args, **kwargs):
+        swaps = push(*args, **kwargs)
+        served.append(time.perf_counter())
+        return swaps
+
+    def noted_launch(pending):
+        claimed.append(pending.started)
+        launch(pending)
+
+    trainer.policy.update, trainer.publisher.push = slow_second_update, timed_push
+    trainer._launch = noted_launch
+    try:
+        assert trainer.advance() is None
+        first = trainer.advance()  # collected after version 2's slow update
+        trainer.finish()
+    finally:
+        trainer.close()
+    assert first is not None and first.version == 1
+    # (the old reading, at collection, would hold the 2 s of the next update and more)
+    assert first.metrics["step_s"] == pytest.approx(served[0] - claimed[0], abs=0.05)
     engine.dispose()

@@ -49,6 +49,7 @@ class PendingVersion:
     report_args: tuple = ()  # (claim, trajectories, samples, skips), for its report
     expected: int = 0  # the number it will get (in the background: the next one free)
     reference_new: ProbeScores | None = None  # its own probe scores; None: from `weights`
+    served: float | None = None  # perf_counter once every backend serves it (its push returned)
 
 
 @dataclass

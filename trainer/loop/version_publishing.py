@@ -92,6 +92,7 @@ class VersionPublishing:
             reference_old=pending.reference_old,
             reference_new=pending.reference_new,
         )
+        pending.served = time.perf_counter()
         return published, swaps
 
     def _launch(self, pending: PendingVersion) -> None:
@@ -159,14 +160,14 @@ class VersionPublishing:
     def _published(
         self, pending: PendingVersion, published: Published, swaps: list[SwapReport]
     ) -> StepReport:
-        """The report of a version recorded and pushed (`step_s`: from its claim to its last
-        swap, a background publish included)."""
+        """The report of a version recorded and pushed (`step_s`: from its claim until every
+        backend served it, a background publish included; not the next update it overlapped)."""
         claim, trajectories, samples, skips = pending.report_args
         metrics, clock = pending.metrics, pending.clock
         clock.add_swaps(swaps)  # stage, pause, apply, verify: the slowest backend's
         metrics["phases"] = clock.seconds
         metrics.update(swap_metrics(swaps))
-        metrics["step_s"] = time.perf_counter() - pending.started
+        metrics["step_s"] = (pending.served or time.perf_counter()) - pending.started
         return self._report(published.version, metrics, claim, trajectories, samples, skips, swaps)
 
     def _report(
