@@ -54,9 +54,10 @@ from trainer.config import TrainerConfig  # noqa: E402
 from trainer.loop import distributed  # noqa: E402
 from trainer.loop.device import autocast, prepare_model  # noqa: E402
 from trainer.loop.loss import token_logprobs  # noqa: E402
+from trainer.loop.packing import use_packing  # noqa: E402
 from trainer.loop.records import trajectory_from_export  # noqa: E402
 from trainer.loop.samples import build_samples  # noqa: E402
-from trainer.loop.update import plan_update, policy_update  # noqa: E402
+from trainer.loop.update import batch_logits, plan_update, policy_update  # noqa: E402
 from trainer.models.weights import delta, state_dict, write_update  # noqa: E402
 from trainer.publishing.versions import file_sha256  # noqa: E402
 from trainer.weight_update.lora import WEIGHTS_FILE  # noqa: E402
@@ -176,8 +177,8 @@ def raw_step(model, optimizer, batches: list, dtype: str, device: torch.device) 
     tokens = sum(float(b.mask.sum()) for b in batches)
     for batch in batches:
         with autocast(device, dtype):
-            out = model(input_ids=batch.inputs, attention_mask=batch.attention, use_cache=False)
-        logp = token_logprobs(out.logits[:, :-1], batch.targets)  # (B, L-1)
+            logits = batch_logits(model, batch)  # (B, L, V): padded or packed, as laid out
+        logp = token_logprobs(logits[:, :-1], batch.targets)  # (B, L-1)
         loss = -(logp * batch.mask).sum() / max(tokens, 1.0)
         loss.backward()
     optimizer.step()
@@ -219,7 +220,9 @@ def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
         served = cpu_weights(model)
     # The service's optimizer: AdamW over the trainable parameters, torch's default kernels.
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas)
-    plan = plan_update(samples, config, size.vocab - 1, device)
+    # the update's own layout: packed where `packing` (auto: where it is faster) says so
+    packed = use_packing(config, model)
+    plan = plan_update(samples, config, size.vocab - 1, device, packed=packed)
     lengths = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
     flops = flops_per_step(model_config, n_matmul, run, lengths, lora_params)
 
@@ -259,6 +262,8 @@ def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
         "tokens_per_step": sum(lengths),
         "output_tokens_per_step": int(metrics["tokens"]),
         "microbatches_per_step": len(plan.microbatches[0]),
+        "packed": packed,
+        "padding_frac": plan.padding,
         "max_tokens_per_microbatch": size.microbatch,
         "steps_measured": len(times),
         "step_s": times,

@@ -17,7 +17,7 @@ RESULT_KEYS = {
     "microbatches_per_step", "max_tokens_per_microbatch", "steps_measured", "step_s",
     "tokens_per_s", "model_tflop_per_step", "achieved_tflop_per_s", "peak_tflop_per_s", "mfu",
     "peak_memory_gib", "version_write", "metrics", "raw_step_s", "raw_tokens_per_s", "whole_s",
-    "whole_over_raw",
+    "whole_over_raw", "packed", "padding_frac",
 }  # fmt: skip
 
 
@@ -66,6 +66,8 @@ def test_gpu_check_runs_every_configuration_on_the_cpu(tmp_path: Path) -> None:
     # the default model's architecture, scaled down: Llama with tied embeddings
     llama = results["tiny-llama/full/bfloat16"]
     assert llama["params"] == llama["trainable_params"]
+    # the raw step is timed on the update's own layout: packed for a transformers Llama
+    assert llama["packed"] is True and 0 <= llama["padding_frac"] < 1
     assert results["tiny-llama/lora8/bfloat16"]["version_write"]["kind"] == "lora adapter folder"
     lora = results["tiny/lora8/bfloat16"]
     assert lora["trainable_params"] < lora["params"]
