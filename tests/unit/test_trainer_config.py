@@ -43,8 +43,8 @@ def test_a_smaller_sample_limit_allows_a_smaller_micro_batch() -> None:
 
 def test_the_learning_rate_defaults_per_mode_and_is_recorded_resolved() -> None:
     full, lora = TrainerConfig(), TrainerConfig(lora_rank=8)
-    assert (full.learning_rate, lora.learning_rate) == (1e-5, 1e-4)
-    assert full.as_dict()["lr"] == 1e-5 and lora.as_dict()["lr"] == 1e-4
+    assert (full.learning_rate, lora.learning_rate) == (1e-5, 1e-3)
+    assert full.as_dict()["lr"] == 1e-5 and lora.as_dict()["lr"] == 1e-3
     assert TrainerConfig(lr=3e-4, lora_rank=8).as_dict()["lr"] == 3e-4
     assert "lr=1e-05" in full.describe() and "lr_warmup_steps=4" in full.describe()
 
