@@ -50,7 +50,7 @@ VERSIONS = {
 # trainer/loop/phases.py's order (tests/unit/test_phases.py checks the page lists the same)
 PHASES = (
     "claim", "load", "build", "proximal", "forward_backward", "optimizer", "gather", "delta",
-    "write", "checksum", "commit", "stage", "pause", "apply", "verify",
+    "launch", "write", "checksum", "commit", "moments", "stage", "pause", "apply", "verify",
 )  # fmt: skip
 HELD_OUT_REAL = (0.2, 0.6)  # rewards of held-out sessions whose real completions v0 served
 HELD_OUT_V2 = 0.9  # the reward of a held-out completion stamped with version 2 (inserted)

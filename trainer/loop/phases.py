@@ -8,8 +8,10 @@ The phases, in order (docs/training.md, "Metrics"):
   pi_prox when one is needed; every micro-batch's forward and backward; the clip and the
   optimizer step, summed over steps);
 - gather: the updated weights and AdamW moments; delta: the version's payload;
+- launch (published in the background only): the probe scores of its weights and the copies of
+  its weights and AdamW moments it takes along (trainer/loop/version_publishing.py);
 - write, checksum, commit: `Publisher.record`'s (the payload file, its sha256, the version row
-  with the ledger and the transaction's commit);
+  with the ledger and the transaction's commit); moments: saving the AdamW moments it reached;
 - stage, pause, apply, verify: the swap's, from the SLOWEST backend's report (the largest sum of
   these four), as one backend's swap is what a request sees: pause = drain + pause + boundary
   (the counts of the requests held), apply = apply + reset_cache + resume, verify = parity +
@@ -35,9 +37,11 @@ PHASES = (
     "optimizer",
     "gather",
     "delta",
+    "launch",
     "write",
     "checksum",
     "commit",
+    "moments",
     "stage",
     "pause",
     "apply",

@@ -82,7 +82,8 @@ class VersionPublishing:
         pending.metrics["bytes"] = published.update.nbytes
         for name, seconds in published.timings.items():  # write, checksum, commit
             pending.clock.add(name, seconds)
-        self.policy.save_moments(pending.moments, self.optimizer_path, published.version)
+        with pending.clock.phase("moments"):
+            self.policy.save_moments(pending.moments, self.optimizer_path, published.version)
         test_hooks.crash_point("crash-after-commit")
         if committed is not None:
             committed(published)
@@ -100,17 +101,18 @@ class VersionPublishing:
         next update changes the model and the optimizer in place), and the trainer takes on the
         version it will be: the next update's samples are judged against it."""
         lora = self.policy.lora is not None
-        pending.reference_new = self.launched_scores = reference_scores(self.model)
-        pending.moments = self.policy.freeze_moments(pending.moments)
-        with self.db_sessions() as db:
-            pending.expected = latest_version(db, self.publisher.model.id) + 1
-        self.version = pending.expected
-        self._remember_served()  # a copy of its weights, which the next delta is taken against
-        pending.weights = self.served
-        if lora:
-            pending.payload = FrozenAdapter(self.model)
-        elif pending.kind is FullFile:
-            pending.payload = self.served
+        with pending.clock.phase("launch"):
+            pending.reference_new = self.launched_scores = reference_scores(self.model)
+            pending.moments = self.policy.freeze_moments(pending.moments)
+            with self.db_sessions() as db:
+                pending.expected = latest_version(db, self.publisher.model.id) + 1
+            self.version = pending.expected
+            self._remember_served()  # a copy of its weights, which the next delta is taken against
+            pending.weights = self.served
+            if lora:
+                pending.payload = FrozenAdapter(self.model)
+            elif pending.kind is FullFile:
+                pending.payload = self.served
         self.inflight = InFlight(pending, self._publish)
 
     def _finish(self) -> tuple[StepReport | None, bool]:
