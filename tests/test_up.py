@@ -114,6 +114,18 @@ def test_rewarded_traffic_trains_a_version_that_the_backend_serves(up: Up) -> No
     children = up.health()["children"]
     assert children["trainer"]["running"] and children["vllm"]["running"]
     assert children["trainer"]["restarts"] == 0
+    # The trainer `rlgw up` started published the version in the background (its `launch`
+    # phase), except where generation pauses for updates (colocated: in line, no launch).
+    phases: dict = {}
+
+    def noted() -> bool:  # noted on the row once the trainer collects the version
+        rows = up.admin.get("/admin/versions").json()
+        phases.update(next(r for r in rows if r["version"] == 1)["metrics"].get("phases") or {})
+        return bool(phases)
+
+    wait_for("version 1's phases noted", noted, 120, up.log)
+    assert ("launch" in phases) == (up.placement != "colocated"), phases
+    assert "moments" in phases and phases["forward_backward"] > 0, phases
     # The trainer's swap paused the backend in place and counted what it held: the vLLM that
     # `rlgw up` started notes finished requests (its plugin's hook), so the boundary is whole.
     with psycopg.connect(up.db_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
