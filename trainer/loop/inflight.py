@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,7 +50,10 @@ class PendingVersion:
     report_args: tuple = ()  # (claim, trajectories, samples, skips), for its report
     expected: int = 0  # the number it will get (in the background: the next one free)
     reference_new: ProbeScores | None = None  # its own probe scores; None: from `weights`
-    served: float | None = None  # perf_counter once every backend serves it (its push returned)
+    # In the background: perf_counter once its publish returned (every backend serves it), so
+    # that its step_s does not hold the next update it overlapped. None: in line (step_s then
+    # runs to its report, a gate's verdict and a colocated hold included).
+    served: float | None = None
 
 
 @dataclass
@@ -81,6 +85,7 @@ class InFlight:
     def _run(self) -> None:
         try:
             self.outcome.published, self.outcome.swaps = self._publish(self.outcome.pending)
+            self.outcome.pending.served = time.perf_counter()
         except BaseException as exc:  # noqa: BLE001 - raised again on the trainer's thread
             self.outcome.error = exc
 

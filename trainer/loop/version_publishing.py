@@ -93,7 +93,6 @@ class VersionPublishing:
             reference_old=pending.reference_old,
             reference_new=pending.reference_new,
         )
-        pending.served = time.perf_counter()
         return published, swaps
 
     def _launch(self, pending: PendingVersion) -> None:
