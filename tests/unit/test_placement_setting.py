@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlgw.placement import Placement, format_cpus, parse_cpus, pinned_argv
+from rlgw.placement import WAIT_POLICY, Placement, format_cpus, parse_cpus, pinned_argv
 
 FOUR = frozenset({0, 1, 2, 3})
 
@@ -81,3 +81,37 @@ def test_a_trainer_pinned_to_its_cores_accepts_the_backends_cores_it_was_started
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [f"[{trainer}]", f"[{backend}]"]
+
+
+def test_openmp_threads_sleep_when_idle_only_where_generation_and_training_share_cores(
+    monkeypatch,
+) -> None:
+    monkeypatch.delenv(WAIT_POLICY, raising=False)
+    assert Placement.choose("shared").openmp_env() == {WAIT_POLICY: "PASSIVE"}
+    assert Placement.choose("colocated").openmp_env() == {}
+    assert Placement.choose("separated", available=FOUR).openmp_env() == {}
+    monkeypatch.setenv(WAIT_POLICY, "ACTIVE")
+    assert Placement.choose("shared").openmp_env() == {}  # the user's own setting stands
+
+
+# libgomp prints its settings when it loads under OMP_DISPLAY_ENV=VERBOSE; the spin count is what
+# the wait policy decides (300000 spins by default, 0 when passive).
+SPIN_PROBE = """
+import sys
+from rlgw.placement import Placement
+placement = Placement.choose(sys.argv[1], available=frozenset({0, 1}))
+assert placement.set_openmp_env()
+import torch
+assert not placement.set_openmp_env()  # too late: the runtime has read its settings
+"""
+
+
+@pytest.mark.parametrize(("kind", "spins"), [("shared", "0"), ("colocated", "300000")])
+def test_the_wait_policy_reaches_the_openmp_runtime_torch_loads(kind: str, spins: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"
+    done = subprocess.run(
+        [sys.executable, "-c", SPIN_PROBE, kind], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"GOMP_SPINCOUNT = '{spins}'" in done.stderr, done.stderr
