@@ -211,7 +211,7 @@ def run_one(spec: dict) -> int:
     from rlgw.placement import Placement
 
     placement = Placement.choose(spec["placement"])
-    placement.set_openmp_env()  # before torch loads OpenMP
+    placement.import_torch()  # with the placement's OpenMP settings
     import torch
 
     from rlgw.settings import Settings

@@ -237,8 +237,8 @@ def start_backend(
     """
     argv, env_add = backend_command(check_model_dir(model_dir), port, **command_kwargs)
     if placement is not None:
-        argv = pinned_argv(argv, placement.cpus("backend"), placement.backend_niceness())
-        env_add = {**env_add, **placement.backend_env(), **placement.openmp_env()}
+        argv = pinned_argv(argv, placement.cpus("backend"))
+        env_add = {**env_add, **placement.backend_env()}
     log_path = Path(log_path) if log_path else default_log_path(port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:

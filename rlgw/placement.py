@@ -26,8 +26,6 @@ PlacementKind = Literal["shared", "separated", "colocated"]
 KINDS: tuple[str, ...] = ("shared", "separated", "colocated")
 Role = Literal["trainer", "backend"]
 WAIT_POLICY = "OMP_WAIT_POLICY"
-NICE_ENV = "RLGW_BACKEND_NICE"
-SHARED_BACKEND_NICENESS = 10
 
 
 def parse_cpus(text: str) -> frozenset[int]:
@@ -137,32 +135,31 @@ class Placement:
         return {"OMP_NUM_THREADS": str(len(cpus)), "VLLM_CPU_OMP_THREADS_BIND": format_cpus(cpus)}
 
     def openmp_env(self) -> dict[str, str]:
-        """OpenMP's wait policy where generation and training share cores: a thread that reaches
-        the end of a parallel region sleeps instead of spinning. libgomp spins by default,
-        holding a core the other process's threads are waiting for (measured on 2 cores, a
-        generating vLLM beside a training step: the step 4.6x slower than alone, generation 3.5x;
-        bench/trainer_threads.py, docs/benchmarks.md). Nothing when the processes have their own
-        cores (separated), take turns (colocated), or OMP_WAIT_POLICY is already set."""
+        """The trainer's OpenMP settings where it shares the cores with generation: its threads
+        sleep at the end of a parallel region instead of spinning (libgomp spins by default,
+        holding a core vLLM's threads are waiting for). Measured on 2 cores beside a generating
+        vLLM (bench/trainer_threads.py, docs/benchmarks.md): the step 2.2x faster, generation
+        0.72x as fast. vLLM keeps its own (spinning) threads: a passive vLLM took nearly both
+        cores. Nothing when separated or colocated, or when OMP_WAIT_POLICY is already set."""
         if self.kind != "shared" or WAIT_POLICY in os.environ:
             return {}
         return {WAIT_POLICY: "PASSIVE"}
 
-    def set_openmp_env(self) -> bool:
-        """Put `openmp_env` into this process's environment, for the OpenMP runtime torch loads;
-        False (nothing done) once torch is imported: the runtime has read its settings then."""
+    def import_torch(self) -> dict[str, str]:
+        """Import torch with `openmp_env` for this process alone: the OpenMP runtime reads it
+        when torch loads it, and it leaves the environment after, so processes started from here
+        (vLLM) keep the defaults. Returns what was applied ({} when torch was already loaded:
+        too late, or when nothing applies)."""
         if "torch" in sys.modules:
-            return False
-        os.environ.update(self.openmp_env())
-        return True
-
-    def backend_niceness(self) -> int:
-        """How much lower than the trainer the backends run where the two share cores: when both
-        want the CPU the update gets it, and generation takes every cycle the trainer leaves
-        (claiming, publishing, waiting for a batch). Work-conserving: an idle trainer costs
-        generation nothing. 0 elsewhere, and where RLGW_BACKEND_NICE says otherwise."""
-        if NICE_ENV in os.environ:
-            return int(os.environ[NICE_ENV])
-        return SHARED_BACKEND_NICENESS if self.kind == "shared" else 0
+            return {}
+        settings = self.openmp_env()
+        os.environ.update(settings)
+        try:
+            import torch  # noqa: F401
+        finally:
+            for key in settings:
+                del os.environ[key]
+        return settings
 
     def trainer_threads(self) -> int | None:
         """torch's intra-op threads for the trainer; None: torch's default (every core)."""
@@ -184,13 +181,13 @@ class Placement:
         )
 
 
-def pinned_argv(argv: list[str], cpus: frozenset[int] | None, niceness: int = 0) -> list[str]:
-    """`argv` started on `cpus` only (None: wherever) and `niceness` lower in priority: a tiny
-    Python trampoline sets both, then execs, so the process and every child it spawns (vLLM's
-    engine cores) inherit them from birth."""
-    if cpus is None and not niceness:
+def pinned_argv(argv: list[str], cpus: frozenset[int] | None) -> list[str]:
+    """`argv` started on `cpus` only: a tiny Python trampoline sets the affinity, then execs, so
+    the process and every child it spawns (vLLM's engine cores) inherit the mask from birth."""
+    if cpus is None:
         return argv
-    steps = [f"os.sched_setaffinity(0, {{{', '.join(map(str, sorted(cpus)))}}})"] if cpus else []
-    steps += [f"os.nice({niceness})"] if niceness else []
-    trampoline = f"import os, sys; {'; '.join(steps)}; os.execvp(sys.argv[1], sys.argv[1:])"
+    mask = ", ".join(str(c) for c in sorted(cpus))
+    trampoline = (
+        f"import os, sys; os.sched_setaffinity(0, {{{mask}}}); os.execvp(sys.argv[1], sys.argv[1:])"
+    )
     return [sys.executable, "-c", trampoline, *argv]

@@ -98,14 +98,14 @@ def trainer_errors() -> Iterator[None]:
 
 def pin_trainer(placement: Placement) -> None:
     """A separated trainer runs on its own cores, with torch's threads to match; a shared one
-    with OpenMP's threads sleeping when idle (`Placement.openmp_env`)."""
-    placement.set_openmp_env()
-    import torch  # here for start-up time
+    with OpenMP threads that sleep when idle (`Placement.openmp_env`)."""
+    openmp = placement.import_torch()
+    import torch  # loaded above, with the placement's OpenMP settings
 
     placement.pin("trainer")
     if (threads := placement.trainer_threads()) is not None:
         torch.set_num_threads(threads)
-    waiting = os.environ.get(WAIT_POLICY, "libgomp's default")
+    waiting = openmp.get(WAIT_POLICY) or os.environ.get(WAIT_POLICY, "libgomp's default")
     info(
         f"[train] placement {placement.describe()}, {torch.get_num_threads()} torch threads, "
         f"{WAIT_POLICY} {waiting}"
