@@ -9,7 +9,7 @@ times `--steps` forward + backward + AdamW steps of the same model in fp32 over 
 child's timed steps, so the price the server pays for a setting is read beside what the trainer
 gains. A row with no generation (the server idle) gives the quiet reference.
 
-    .venv/bin/python bench/trainer_threads.py            # ~10 min on 2 cores
+    .venv/bin/python bench/trainer_threads.py            # ~40 min on 2 cores
 
 The JSON is the last line of the output.
 """
