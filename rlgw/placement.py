@@ -2,7 +2,8 @@
 pauses while the trainer updates. One setting, read here; the launcher, the trainer and the demo
 ask this object and never decide it themselves (docs/architecture.md, "Placement").
 
-    shared     (default) both at once, on whatever cores or devices the OS gives them
+    shared     (default) both at once, on whatever cores or devices the OS gives them (the
+               trainer's OpenMP threads sleep when idle: `openmp_env`)
     separated  both at once, on disjoint resources: CPU core sets (vLLM pinned to the backend
                cores, the trainer to its own, thread counts to match), or different GPUs
     colocated  one pool, time-shared: when an update is due the trainer takes the model's
