@@ -318,7 +318,7 @@ def test_two_trainer_processes_train_a_lora_version_that_passes_the_swap(env, tr
     assert served.max_abs_diff(reference_scores(reference)) <= TOLERANCE
 
 
-def test_a_lora_swap_with_an_answer_in_flight_keeps_the_backend_alive(env, trained):
+def test_a_lora_swap_with_an_answer_in_flight_keeps_the_backend_alive(env, trained, monkeypatch):
     """A LoRA version is swapped in while 8 long answers run on the served adapter: the swap
     lets them finish on their adapter (their version) before the parity probe (in the learning
     benchmark, 24 sessions in flight, a probe batched with them killed vLLM 0.32's CPU engine;
@@ -337,6 +337,9 @@ def test_a_lora_swap_with_an_answer_in_flight_keeps_the_backend_alive(env, train
     first = next(iter(stream))
     for reward in (1.0, 0.0, 0.5, 1.0):
         env.episode(reward)
+    # The swap waits for the 8 answers of 1,500 tokens, however slow the machine: the default
+    # drain timeout (30 s) was once too short for them on a busy CI machine (they were aborted).
+    monkeypatch.setattr(trained.publisher.coordinator, "drain_timeout_s", 900.0)
     report = trained.step()
     assert report is not None and [s.outcome for s in report.swaps] == ["swapped"], [
         s.reason for s in report.swaps
