@@ -208,15 +208,13 @@ def run_result(spec: dict, demo: dict, chat: dict, config: dict) -> dict:
 
 def run_one(spec: dict) -> int:
     """One demo run under `spec` (a child process of the benchmark); writes spec['result']."""
-    from rlgw.placement import Placement
-
-    placement = Placement.choose(spec["placement"])
-    placement.import_torch()  # with the placement's OpenMP settings
     import torch
 
+    from rlgw.placement import Placement
     from rlgw.settings import Settings
     from rlgw_cli.demo import DemoOptions, DemoRun
 
+    placement = Placement.choose(spec["placement"])
     if (threads := placement.trainer_threads()) is not None:
         torch.set_num_threads(threads)  # the trainer's share; vLLM is pinned to the others
     out = Path(spec["result"]).parent

@@ -2,8 +2,7 @@
 pauses while the trainer updates. One setting, read here; the launcher, the trainer and the demo
 ask this object and never decide it themselves (docs/architecture.md, "Placement").
 
-    shared     (default) both at once, on whatever cores or devices the OS gives them (the
-               trainer's OpenMP threads sleep when idle: `openmp_env`)
+    shared     (default) both at once, on whatever cores or devices the OS gives them
     separated  both at once, on disjoint resources: CPU core sets (vLLM pinned to the backend
                cores, the trainer to its own, thread counts to match), or different GPUs
     colocated  one pool, time-shared: when an update is due the trainer takes the model's
@@ -26,7 +25,6 @@ from typing import Literal
 PlacementKind = Literal["shared", "separated", "colocated"]
 KINDS: tuple[str, ...] = ("shared", "separated", "colocated")
 Role = Literal["trainer", "backend"]
-WAIT_POLICY = "OMP_WAIT_POLICY"
 
 
 def parse_cpus(text: str) -> frozenset[int]:
@@ -134,33 +132,6 @@ class Placement:
         if cpus is None:
             return {}
         return {"OMP_NUM_THREADS": str(len(cpus)), "VLLM_CPU_OMP_THREADS_BIND": format_cpus(cpus)}
-
-    def openmp_env(self) -> dict[str, str]:
-        """The trainer's OpenMP settings where it shares the cores with generation: its threads
-        sleep at the end of a parallel region instead of spinning (libgomp spins by default,
-        holding a core vLLM's threads are waiting for). Measured on 2 cores beside a generating
-        vLLM (bench/trainer_threads.py, docs/benchmarks.md): the step 2.2x faster, generation
-        0.72x as fast. vLLM keeps its own (spinning) threads: a passive vLLM took nearly both
-        cores. Nothing when separated or colocated, or when OMP_WAIT_POLICY is already set."""
-        if self.kind != "shared" or WAIT_POLICY in os.environ:
-            return {}
-        return {WAIT_POLICY: "PASSIVE"}
-
-    def import_torch(self) -> dict[str, str]:
-        """Import torch with `openmp_env` for this process alone: the OpenMP runtime reads it
-        when torch loads it, and it leaves the environment after, so processes started from here
-        (vLLM) keep the defaults. Returns what was applied ({} when torch was already loaded:
-        too late, or when nothing applies)."""
-        if "torch" in sys.modules:
-            return {}
-        settings = self.openmp_env()
-        os.environ.update(settings)
-        try:
-            import torch  # noqa: F401
-        finally:
-            for key in settings:
-                del os.environ[key]
-        return settings
 
     def trainer_threads(self) -> int | None:
         """torch's intra-op threads for the trainer; None: torch's default (every core)."""

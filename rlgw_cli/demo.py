@@ -385,7 +385,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.sync:
         args.placement = "colocated"
     placement = placement_from(args)
-    placement.import_torch()  # with the placement's OpenMP settings
     if (threads := placement.trainer_threads()) is not None:
         import torch  # here for start-up time
 

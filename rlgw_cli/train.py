@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlgw.db.engine import make_sync_engine
-from rlgw.placement import WAIT_POLICY, Placement
+from rlgw.placement import Placement
 from rlgw.ports import free_port
 from rlgw.settings import Settings
 
@@ -97,19 +97,13 @@ def trainer_errors() -> Iterator[None]:
 
 
 def pin_trainer(placement: Placement) -> None:
-    """A separated trainer runs on its own cores, with torch's threads to match; a shared one
-    with OpenMP threads that sleep when idle (`Placement.openmp_env`)."""
-    openmp = placement.import_torch()
-    import torch  # loaded above, with the placement's OpenMP settings
+    """A separated trainer runs on its own cores, with torch's threads to match."""
+    import torch  # here for start-up time
 
     placement.pin("trainer")
     if (threads := placement.trainer_threads()) is not None:
         torch.set_num_threads(threads)
-    waiting = openmp.get(WAIT_POLICY) or os.environ.get(WAIT_POLICY, "libgomp's default")
-    info(
-        f"[train] placement {placement.describe()}, {torch.get_num_threads()} torch threads, "
-        f"{WAIT_POLICY} {waiting}"
-    )
+    info(f"[train] placement {placement.describe()}, {torch.get_num_threads()} torch threads")
 
 
 def cmd_push(args: argparse.Namespace) -> int:

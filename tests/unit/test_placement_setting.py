@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlgw.placement import WAIT_POLICY, Placement, format_cpus, parse_cpus, pinned_argv
+from rlgw.placement import Placement, format_cpus, parse_cpus, pinned_argv
 
 FOUR = frozenset({0, 1, 2, 3})
 
@@ -81,42 +81,3 @@ def test_a_trainer_pinned_to_its_cores_accepts_the_backends_cores_it_was_started
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [f"[{trainer}]", f"[{backend}]"]
-
-
-def test_openmp_threads_sleep_when_idle_only_where_generation_and_training_share_cores(
-    monkeypatch,
-) -> None:
-    monkeypatch.delenv(WAIT_POLICY, raising=False)
-    assert Placement.choose("shared").openmp_env() == {WAIT_POLICY: "PASSIVE"}
-    assert Placement.choose("colocated").openmp_env() == {}
-    assert Placement.choose("separated", available=FOUR).openmp_env() == {}
-    monkeypatch.setenv(WAIT_POLICY, "ACTIVE")
-    assert Placement.choose("shared").openmp_env() == {}  # the user's own setting stands
-
-
-# libgomp prints its settings when it loads under OMP_DISPLAY_ENV=VERBOSE; the spin count is what
-# the wait policy decides (300000 spins by default, 0 when passive). A child started after the
-# import (what vLLM is to the demo) prints its own, from the environment it inherits.
-SPIN_PROBE = """
-import os, subprocess, sys
-from rlgw.placement import Placement
-placement = Placement.choose(sys.argv[1], available=frozenset({0, 1}))
-applied = placement.import_torch()
-assert "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ, applied
-assert placement.import_torch() == {}  # too late: the runtime has read its settings
-print("child:", file=sys.stderr, flush=True)
-subprocess.run([sys.executable, "-c", "import torch"], check=True)
-"""
-
-
-@pytest.mark.parametrize(("kind", "spins"), [("shared", "0"), ("colocated", "300000")])
-def test_the_wait_policy_reaches_this_process_openmp_runtime_only(kind: str, spins: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
-    env["OMP_DISPLAY_ENV"] = "VERBOSE"
-    done = subprocess.run(
-        [sys.executable, "-c", SPIN_PROBE, kind], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    own, child = done.stderr.split("child:")
-    assert f"GOMP_SPINCOUNT = '{spins}'" in own, own
-    assert "GOMP_SPINCOUNT = '300000'" in child, child
