@@ -4,10 +4,12 @@ count and OpenMP wait policy: `bench/trainer_threads.py`.
 One vLLM server of the real default model (SmolLM2-135M-Instruct, shared placement: no pinning)
 answers `--concurrency` chat requests at a time for the whole run. Meanwhile, for each trainer
 setting in turn, a fresh child process (the OpenMP settings are read when the runtime starts)
-times `--steps` forward + backward + AdamW steps of the same model in fp32 over one packed row of
-`--tokens` tokens, after a warm-up step. The generated tokens per second are counted over each
-child's timed steps, so the price the server pays for a setting is read beside what the trainer
-gains. A row with no generation (the server idle) gives the quiet reference.
+times `--steps` forward + backward + AdamW steps of the same model in fp32 over one row of
+`--tokens` random tokens, after a warm-up step. The generated tokens per second are counted
+over each child's timed steps, so the price the server pays for a setting is read beside what
+the trainer gains. A row with no generation (the server idle) gives the quiet reference. Then
+the same with a second server started with `OMP_WAIT_POLICY=PASSIVE`. The settings are this
+2-core VM's (2 threads: every core).
 
     .venv/bin/python bench/trainer_threads.py            # ~40 min on 2 cores
 

@@ -184,9 +184,10 @@ class Settings(HomeSettings):
     drain_timeout_s: float = Field(
         default=30.0,
         gt=0,
-        description="How long the colocated placement's hold waits for the answers in flight "
-        "before training on the cores they use (a swap waits for none: it pauses them in place "
-        "and they continue on the new weights).",
+        description="How long the colocated placement's hold, and a LoRA swap, wait for the "
+        "answers in flight (the hold before training on the cores they use, the LoRA swap "
+        "before its parity probe; what still runs then is ended). A full-weight swap waits for "
+        "none: it pauses them in place and they continue on the new weights.",
     )
     parity_tolerance: float = Field(
         default=1e-4,
