@@ -54,7 +54,7 @@ from trainer.config import TrainerConfig  # noqa: E402
 from trainer.loop import distributed  # noqa: E402
 from trainer.loop.device import autocast, prepare_model  # noqa: E402
 from trainer.loop.loss import token_logprobs  # noqa: E402
-from trainer.loop.packing import use_packing  # noqa: E402
+from trainer.loop.packing import prefix_sharing, use_packing  # noqa: E402
 from trainer.loop.records import trajectory_from_export  # noqa: E402
 from trainer.loop.samples import build_samples  # noqa: E402
 from trainer.loop.update import batch_logits, plan_update, policy_update  # noqa: E402
@@ -221,8 +221,8 @@ def measure(run: Run, device: torch.device, seed: int, scratch: Path) -> dict:
     # The service's optimizer: AdamW over the trainable parameters, torch's default kernels.
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas)
     # the update's own layout: packed where `packing` (auto: where it is faster) says so
-    packed = use_packing(config, model)
-    plan = plan_update(samples, config, size.vocab - 1, device, packed=packed)
+    packed, share = use_packing(config, model), prefix_sharing(config, model)
+    plan = plan_update(samples, config, size.vocab - 1, device, packed=packed, share=share)
     lengths = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
     flops = flops_per_step(model_config, n_matmul, run, lengths, lora_params)
 

@@ -2,11 +2,15 @@
 
 SmolLM2-135M-Instruct (fp32, sdpa) on the CPU: `--samples` samples of agent-like lengths (prompts
 of 64-384 tokens, answers log-normal around 80 tokens, 4-1024; random ids: the cost does not
-depend on them), the same samples every step; `policy_update` with `packing="off"` and
-`packing="on"` interleaved step by step after one warm-up step of each (one model and one AdamW
-for both, lr 1e-9: the weights barely move), so that a shared machine's load falls on both alike.
+depend on them), the same samples every step; `policy_update` padded (`packing="off"`), packed
+(`"on"`, no shared prefixes) and packed with shared prefixes (`"shared"`), interleaved step by
+step after one warm-up step of each (one model and one AdamW for all, lr 1e-9: the weights barely
+move), so that a shared machine's load falls on all alike. `--group N`: every N samples answer
+one prompt (a group, as the learning benchmark's tasks); `--prompts` and `--answer-median` set
+the lengths.
 
     .venv/bin/python bench/packing.py [--samples 16] [--steps 2] [--budget 8192]
+    .venv/bin/python bench/packing.py --samples 32 --group 8 --prompts 50-70 --answer-median 20
 
 Prints a markdown table; JSON goes to bench/results/packing.json.
 """
@@ -32,6 +36,7 @@ from trainer.config import TrainerConfig  # noqa: E402
 from trainer.loop.device import prepare_model  # noqa: E402
 from trainer.loop.microbatch import pack_microbatches  # noqa: E402
 from trainer.loop.packing import pack_lines, padding_fraction  # noqa: E402
+from trainer.loop.prefix_sharing import attention_weight  # noqa: E402
 from trainer.loop.samples import Sample, collate_lines, row_tokens, sequence_rows  # noqa: E402
 from trainer.loop.update import batch_logprobs, plan_update, policy_update  # noqa: E402
 
@@ -39,24 +44,35 @@ MODEL = Path.home() / ".cache" / "rlgw" / "models" / "smollm2-135m-instruct-0.1.
 RESULTS = ROOT / "bench" / "results" / "packing.json"
 
 
-def agent_samples(n: int, vocab: int, seed: int) -> list[Sample]:
-    """n samples: prompts uniform in 64-384 tokens, answers log-normal (median 80, sigma 1)
-    clipped to 4-1024, advantages +-1, behaviour log-probs near a uniform policy's."""
+def agent_samples(
+    n: int,
+    vocab: int,
+    seed: int,
+    group: int = 1,
+    prompts: tuple[int, int] = (64, 384),
+    answer_median: int = 80,
+) -> list[Sample]:
+    """n samples: prompts uniform in 64-384 tokens (`prompts`), a new one every `group` samples,
+    answers log-normal (median 80, sigma 1) clipped to 4-1024, advantages +-1, behaviour
+    log-probs near a uniform policy's."""
     rng = random.Random(seed)
-    samples = []
+    samples: list[Sample] = []
+    prompt: list[int] = []
     for i in range(n):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(64, 384))]
-        length = min(max(int(rng.lognormvariate(math.log(80), 1.0)), 4), 1024)
+        if i % group == 0:
+            prompt = [rng.randrange(vocab) for _ in range(rng.randint(*prompts))]
+        length = min(max(int(rng.lognormvariate(math.log(answer_median), 1.0)), 4), 1024)
         output = [rng.randrange(vocab) for _ in range(length)]
         behave = [-math.log(vocab)] * length
         samples.append(Sample("s", f"c{i}", prompt, output, behave, (-1.0) ** i, 0))
     return samples
 
 
-def layout(samples: list[Sample], config: TrainerConfig, pad_id: int, packed: bool) -> dict:
+def layout(samples: list[Sample], config: TrainerConfig, pad_id: int, share: float | None) -> dict:
     """The micro-batches the update builds: how many, their tokens and their padding."""
+    packed = config.packing == "on"
     (batches,) = plan_update(
-        samples, config, pad_id, torch.device("cpu"), packed=packed
+        samples, config, pad_id, torch.device("cpu"), packed=packed, share=share
     ).microbatches
     return {
         "microbatches": len(batches),
@@ -92,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2, help="timed updates per layout")
     p.add_argument("--budget", type=int, default=8192, help="max_tokens_per_microbatch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--group", type=int, default=1, help="samples per prompt (default 1)")
+    p.add_argument("--prompts", default="64-384", help="prompt tokens, MIN-MAX")
+    p.add_argument("--answer-median", type=int, default=80, help="answer tokens, median")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--layout-only", action="store_true", help="the micro-batches, no update")
     p.add_argument("--check", action="store_true", help="also the log-prob gap, packed-padded")
@@ -101,18 +120,33 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     model_config = AutoConfig.from_pretrained(str(args.model))
     pad_id = int(model_config.pad_token_id or model_config.eos_token_id or 0)
-    samples = agent_samples(args.samples, model_config.vocab_size, args.seed)
+    low, high = (int(x) for x in args.prompts.split("-"))
+    samples = agent_samples(
+        args.samples,
+        model_config.vocab_size,
+        args.seed,
+        args.group,
+        (low, high),
+        args.answer_median,
+    )
     configs = {
-        packing: TrainerConfig(
+        name: TrainerConfig(
             device="cpu",
             max_tokens_per_sample=2048,
             max_tokens_per_microbatch=args.budget,
             packing=packing,
+            share_prefixes=share,
         )
-        for packing in ("off", "on")
+        for name, packing, share in (
+            ("off", "off", False),
+            ("on", "on", False),
+            ("shared", "on", True),
+        )
     }
+    alpha = attention_weight(model_config)
     results = {
-        k: {**layout(samples, c, pad_id, k == "on"), "update_s": []} for k, c in configs.items()
+        k: {**layout(samples, c, pad_id, alpha if c.share_prefixes else None), "update_s": []}
+        for k, c in configs.items()
     }
     if args.layout_only:
         print(json.dumps(results, indent=2))

@@ -37,7 +37,7 @@ from rlgw.db.engine import make_sync_engine
 from rlgw.settings import Settings
 from trainer.config import TrainerConfig
 from trainer.loop.microbatch import to_device
-from trainer.loop.packing import collate_microbatches, use_packing
+from trainer.loop.packing import collate_microbatches, prefix_sharing, use_packing
 from trainer.loop.service import OnlineTrainer
 from trainer.models.pretrained import cached_checkpoint
 
@@ -142,6 +142,7 @@ def raw_steps(trainer: OnlineTrainer, samples: list, config: TrainerConfig) -> l
         trainer.policy.pad_id,
         trainer.policy.stop_ids,
         packed=use_packing(config, model),
+        share=prefix_sharing(config, model),
     )
     batches = [to_device(b, trainer.dist.device) for b in batches]
     model.train()

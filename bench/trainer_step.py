@@ -49,7 +49,7 @@ from rlgw.settings import Settings  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.loop import collectives  # noqa: E402
 from trainer.loop.microbatch import to_device  # noqa: E402
-from trainer.loop.packing import collate_microbatches, use_packing  # noqa: E402
+from trainer.loop.packing import collate_microbatches, prefix_sharing, use_packing  # noqa: E402
 from trainer.loop.service import OnlineTrainer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -168,8 +168,13 @@ def raw_share(trainer: OnlineTrainer, samples: list, dtype: str) -> None:
     mine = samples[rank::world]  # as the update splits a batch
     model, config = trainer.policy.training, trainer.config
     packed = use_packing(config, model)  # the update's micro-batches: padded or packed alike
-    budget, pad_id = config.max_tokens_per_microbatch, trainer.policy.pad_id
-    batches = collate_microbatches(mine, budget, pad_id, trainer.policy.stop_ids, packed=packed)
+    share = prefix_sharing(config, model)  # and their prefixes shared alike
+    budget, pad_id, stops = (
+        config.max_tokens_per_microbatch,
+        trainer.policy.pad_id,
+        trainer.policy.stop_ids,
+    )
+    batches = collate_microbatches(mine, budget, pad_id, stops, packed=packed, share=share)
     model.train()
     raw_step(
         model, trainer.optimizer, [to_device(b, trainer.dist.device) for b in batches], dtype, world

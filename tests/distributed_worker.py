@@ -32,7 +32,7 @@ from trainer.loop.distributed import (  # noqa: E402
     shard_model,
     shutdown_distributed,
 )
-from trainer.loop.packing import use_packing  # noqa: E402
+from trainer.loop.packing import prefix_sharing, use_packing  # noqa: E402
 from trainer.loop.policy import Policy  # noqa: E402
 from trainer.loop.update import plan_update, policy_update  # noqa: E402
 
@@ -110,7 +110,8 @@ def main() -> int:
         model.model.layers[0].register_forward_hook(lambda *a: os._exit(17))
     if ctx.rank == args.hang_rank:  # stall there instead (a stuck host, a deadlocked process)
         model.model.layers[0].register_forward_hook(lambda *a: time.sleep(3600))
-    plan = plan_update(samples, config, PAD_ID, ctx.device, packed=use_packing(config, model))
+    packed, share = use_packing(config, model), prefix_sharing(config, model)
+    plan = plan_update(samples, config, PAD_ID, ctx.device, packed=packed, share=share)
     real = sum(1 for b in plan.microbatches[0] if b.mask.sum() > 0)
     print(f"[rank {ctx.rank}] {real} of {len(plan.microbatches[0])} micro-batches", flush=True)
     metrics = policy_update(model, optimizer, samples, config, PAD_ID)

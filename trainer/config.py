@@ -90,6 +90,10 @@ class TrainerConfig:
     # attention kept within each (trainer/loop/packing.py) | off: one sample per padded line |
     # auto: on (measured faster on the CPU too: docs/benchmarks.md); a model that cannot pack pads
     packing: str = "auto"
+    # packed lines compute a prefix that several rows share (a group's prompt, a system prompt)
+    # once, each row's own tokens attending to it (trainer/loop/prefix_sharing.py), where the
+    # model's attention takes a 4D mask (sdpa, eager) and the saving outweighs the mask's cost
+    share_prefixes: bool = True
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, +~30%
     # LoRA (docs/training.md, "LoRA"): train a peft adapter instead of every weight
     lora_rank: int = 0  # 0: full weights; R: each version is an adapter of rank R (peft's r)

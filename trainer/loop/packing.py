@@ -22,12 +22,15 @@ import torch
 
 from ..config import TrainerConfig
 from .microbatch import check_row_length, pack_microbatches
-from .samples import Batch, Sample, collate, collate_lines, row_tokens, sequence_rows
+from .prefix_sharing import attention_weight, share_prefixes
+from .samples import Batch, Sample, Unit, collate, collate_units, sequence_rows
 
 # The families whose transformers models build their masks with `create_causal_mask` (packed
 # sequences read from the positions), under the attention implementations that read them.
 PACKED_FAMILIES = ("llama", "qwen2", "qwen3")
 PACKED_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+# The attention implementations that take the 4D mask of shared prefixes (prefix_sharing.py).
+SHARED_ATTENTION = ("sdpa", "eager")
 
 Row = list[Sample]  # a sample, or the samples of one training sequence (`sequence_rows`)
 Line = list[Row]
@@ -35,43 +38,63 @@ Line = list[Row]
 
 @dataclass
 class _Group:
-    """A micro-batch being packed: lines of rows no longer than `width` tokens each."""
+    """A micro-batch being packed: lines of units no longer than `width` tokens each."""
 
-    width: int  # its first row's length: rows come longest first
-    lines: list[Line]
+    width: int  # its first unit's length: units come longest first
+    lines: list[list[Unit]]
     fills: list[int]  # tokens in each line
 
-    def fit(self, row: Row, n: int) -> bool:
-        """Put the row at the end of the first line with room for it; whether one had."""
+    def fit(self, unit: Unit, n: int) -> bool:
+        """Put the unit at the end of the first line with room for it; whether one had."""
         for k, fill in enumerate(self.fills):
             if fill + n <= self.width:
-                self.lines[k].append(row)
+                self.lines[k].append(unit)
                 self.fills[k] += n
                 return True
         return False
 
-    def new_line(self, row: Row, n: int, max_tokens: int) -> bool:
-        """Start a line with the row if one more line fits the budget; whether it did."""
+    def new_line(self, unit: Unit, n: int, max_tokens: int) -> bool:
+        """Start a line with the unit if one more line fits the budget; whether it did."""
         if (len(self.lines) + 1) * self.width > max_tokens:
             return False
-        self.lines.append([row])
+        self.lines.append([unit])
         self.fills.append(n)
         return True
 
 
-def pack_lines(samples: list[Sample], max_tokens: int) -> list[list[Line]]:
-    """The samples' rows in micro-batches of lines, first fit in descending length: a micro-batch's
-    width is its first (longest) row, each line's rows fit in the width, and lines x width <=
-    max_tokens. Rows longer than max_tokens: `SampleTooLong` (as `pack_microbatches`)."""
+def pack_units(units: list[Unit], max_tokens: int) -> list[list[list[Unit]]]:
+    """Units in micro-batches of lines, first fit in descending length: a micro-batch's width is
+    its first (longest) unit, each line's units fit in the width, and lines x width <=
+    max_tokens. A unit longer than max_tokens: `SampleTooLong` (as `pack_microbatches`)."""
     groups: list[_Group] = []
-    for row in sorted(sequence_rows(samples), key=lambda r: -len(row_tokens(r))):
-        n = check_row_length(row, max_tokens)
-        placed = any(g.fit(row, n) for g in groups) or any(
-            g.new_line(row, n, max_tokens) for g in groups
+    for unit in sorted(units, key=lambda u: -u.length):
+        n = unit.length
+        if len(unit.rows) == 1:
+            check_row_length(unit.rows[0], max_tokens)
+        placed = any(g.fit(unit, n) for g in groups) or any(
+            g.new_line(unit, n, max_tokens) for g in groups
         )
         if not placed:
-            groups.append(_Group(n, [[row]], [n]))
+            groups.append(_Group(n, [[unit]], [n]))
     return [g.lines for g in groups]
+
+
+def pack_lines(samples: list[Sample], max_tokens: int) -> list[list[Line]]:
+    """The samples' rows in micro-batches of lines (`pack_units`, a row per unit)."""
+    groups = pack_units([Unit([row]) for row in sequence_rows(samples)], max_tokens)
+    return [[[unit.rows[0] for unit in line] for line in lines] for lines in groups]
+
+
+def shared_units(samples: list[Sample], max_tokens: int, alpha: float) -> list[Unit]:
+    """The samples' rows as units that share their prefixes (prefix_sharing.py), a unit that
+    would not fit the budget split back into its rows."""
+    units: list[Unit] = []
+    for unit in share_prefixes(sequence_rows(samples), alpha):
+        if len(unit.rows) > 1 and unit.length > max_tokens:
+            units.extend(Unit([row]) for row in unit.rows)
+        else:
+            units.append(unit)
+    return units
 
 
 def supports_packing(model: torch.nn.Module) -> bool:
@@ -95,6 +118,18 @@ def use_packing(config: TrainerConfig, model: torch.nn.Module) -> bool:
     return config.packing != "off" and supports_packing(model)
 
 
+def prefix_sharing(config: TrainerConfig, model: torch.nn.Module) -> float | None:
+    """The attention weight (prefix_sharing.py) with which packed lines share prefixes, or None:
+    `share_prefixes` on, the update packing, and an attention that takes a 4D mask."""
+    if not (config.share_prefixes and use_packing(config, model)):
+        return None
+    inner = getattr(model, "module", model)
+    model_config = getattr(inner, "config", None)
+    if getattr(model_config, "_attn_implementation", None) not in SHARED_ATTENTION:
+        return None
+    return attention_weight(model_config)
+
+
 def collate_microbatches(
     samples: list[Sample],
     max_tokens: int,
@@ -102,11 +137,17 @@ def collate_microbatches(
     stop_ids: tuple[int, ...] = (),
     *,
     packed: bool,
+    share: float | None = None,
 ) -> list[Batch]:
     """The samples in micro-batches of at most max_tokens (lines x width), on the CPU: packed
-    lines (`pack_lines`), or a padded row per line (`pack_microbatches`)."""
+    lines (`pack_units`), their rows sharing prefixes where `share` (an attention weight,
+    `prefix_sharing`) is given, or a padded row per line (`pack_microbatches`)."""
     if packed:
-        return [collate_lines(lines, pad_id, stop_ids) for lines in pack_lines(samples, max_tokens)]
+        if share is None:
+            units = [Unit([row]) for row in sequence_rows(samples)]
+        else:
+            units = shared_units(samples, max_tokens, share)
+        return [collate_units(lines, pad_id, stop_ids) for lines in pack_units(units, max_tokens)]
     return [collate(g, pad_id, stop_ids) for g in pack_microbatches(samples, max_tokens)]
 
 

@@ -216,6 +216,21 @@ def row_tokens(row: list[Sample]) -> list[int]:
 
 
 @dataclass
+class Unit:
+    """Rows laid in a line as one piece: their first `shared` tokens (the same in every row)
+    once, then each row's remaining tokens, a branch that sees the shared tokens and itself only
+    (trainer/loop/prefix_sharing.py). A plain row is a unit of one row with nothing shared."""
+
+    rows: list[list[Sample]]
+    shared: int = 0
+
+    @property
+    def length(self) -> int:
+        """Its tokens in a line."""
+        return self.shared + sum(len(row_tokens(row)) - self.shared for row in self.rows)
+
+
+@dataclass
 class Batch:
     """Lines of tokens in tensors; position t of `targets` is predicted from inputs[:, :t+1]. A
     line holds one row, right-padded (`collate`), or several rows end to end (`collate_lines`,
@@ -237,6 +252,11 @@ class Batch:
     # (B, L-1) the index of the row each target lies in, -1 on padding.
     positions: torch.Tensor | None = None
     segments: torch.Tensor | None = None
+    # Lines with shared prefixes only (None: none shared): (B, L) the unit each token lies in, and
+    # the row of its branch (-1 on a shared prefix and on padding): the attention mask's inputs
+    # (trainer/loop/prefix_sharing.py, `tree_attention_mask`).
+    units: torch.Tensor | None = None
+    branches: torch.Tensor | None = None
 
 
 def collate(samples: list[Sample], pad_id: int, stop_ids: tuple[int, ...] = ()) -> Batch:
@@ -252,42 +272,71 @@ def collate_lines(
     """Lines of rows (`sequence_rows`) into one batch: each line's rows end to end, the line
     right-padded to the longest. With a row per line this is the padded batch; with several,
     a packed one (`positions`, `segments`). `stop_ids`: as in `collate`."""
-    packed = any(len(line) > 1 for line in lines)
-    length = max(sum(len(row_tokens(row)) for row in line) for line in lines)
+    return collate_units([[Unit([row]) for row in line] for line in lines], pad_id, stop_ids)
+
+
+def collate_units(lines: list[list[Unit]], pad_id: int, stop_ids: tuple[int, ...] = ()) -> Batch:
+    """Lines of units (`Unit`) into one batch, as `collate_lines`; where a unit shares a prefix,
+    the batch also carries `units` and `branches`, from which the update builds its mask."""
+    packed = any(len(line) > 1 or len(line[0].rows) > 1 for line in lines)
+    shared = any(unit.shared for line in lines for unit in line)
+    length = max(sum(unit.length for unit in line) for line in lines)
     b = len(lines)
     inputs = torch.full((b, length), pad_id, dtype=torch.long)
     attention = torch.zeros(b, length, dtype=torch.long)
     positions = torch.zeros(b, length, dtype=torch.long)
     segments = torch.full((b, length - 1), -1, dtype=torch.long)
+    units = torch.full((b, length), -1, dtype=torch.long)
+    branches = torch.full((b, length), -1, dtype=torch.long)
     mask = torch.zeros(b, length - 1)
     behave = torch.zeros(b, length - 1)
     advantages = torch.zeros(b, length - 1)
     versions = torch.full((b, length - 1), -1, dtype=torch.long)
     spans: list[list[tuple[int, int, SamplingSettings | None]]] = []
-    index = 0  # the row's index in the batch
+    index, unit_index = 0, 0  # the row's and the unit's index in the batch
     for i, line in enumerate(lines):
         spans.append([])
-        at = 0  # where the row starts in its line
-        for row in line:
-            ids = row_tokens(row)
-            n = len(ids)
-            inputs[i, at : at + n] = torch.tensor(ids)
-            attention[i, at : at + n] = 1
-            positions[i, at : at + n] = torch.arange(n)
-            segments[i, at : at + n - 1] = index
-            for s in row:
-                p, o = at + len(s.prompt_ids), len(s.output_ids)
-                # The output token at position p + j is predicted at target index p + j - 1.
-                trained = torch.tensor(s.token_mask(), dtype=mask.dtype)
-                mask[i, p - 1 : p + o - 1] = trained
-                behave[i, p - 1 : p + o - 1] = torch.tensor(s.behave_logprobs)
-                advantages[i, p - 1 : p + o - 1] = s.advantage * trained
-                versions[i, p - 1 : p + o - 1] = torch.tensor(s.token_versions(), dtype=torch.long)
-                spans[i].append((p - 1, p + o - 1, s.sampling))
-            at, index = at + n, index + 1
+        at = 0  # where the next piece starts in its line
+        for unit in line:
+            c = unit.shared
+            if c:  # the prefix, once
+                inputs[i, at : at + c] = torch.tensor(row_tokens(unit.rows[0])[:c])
+                attention[i, at : at + c] = 1
+                positions[i, at : at + c] = torch.arange(c)
+                units[i, at : at + c] = unit_index
+                at += c
+            for row in unit.rows:
+                ids = row_tokens(row)[c:]
+                n = len(ids)
+                inputs[i, at : at + n] = torch.tensor(ids)
+                attention[i, at : at + n] = 1
+                positions[i, at : at + n] = torch.arange(c, c + n)
+                segments[i, at : at + n - 1] = index
+                units[i, at : at + n], branches[i, at : at + n] = unit_index, index
+                start = at - c  # where the row's token 0 would lie: token k >= c lies at start + k
+                for s in row:
+                    p, o = start + len(s.prompt_ids), len(s.output_ids)
+                    # The output token at position p + j is predicted at target index p + j - 1,
+                    # in the row's own tokens (a prefix is shared short of every prompt's end).
+                    if p - 1 < at:
+                        raise ValueError(f"unit shares {c} tokens, past {s.completion_id}'s prompt")
+                    trained = torch.tensor(s.token_mask(), dtype=mask.dtype)
+                    mask[i, p - 1 : p + o - 1] = trained
+                    behave[i, p - 1 : p + o - 1] = torch.tensor(s.behave_logprobs)
+                    advantages[i, p - 1 : p + o - 1] = s.advantage * trained
+                    versions[i, p - 1 : p + o - 1] = torch.tensor(
+                        s.token_versions(), dtype=torch.long
+                    )
+                    spans[i].append((p - 1, p + o - 1, s.sampling))
+                at, index = at + n, index + 1
+            unit_index += 1
         positions[i, at:] = torch.arange(length - at)  # the padding: a segment of its own
+        units[i, at:] = unit_index
+        unit_index += 1
     sampling = RowSampling.of(spans, mask.shape, stop_ids)
     batch = Batch(inputs, attention, inputs[:, 1:], mask, behave, advantages, sampling, versions)
     if packed:
         batch.positions, batch.segments = positions, segments
+    if shared:
+        batch.units, batch.branches = units, branches
     return batch

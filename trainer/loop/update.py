@@ -21,7 +21,8 @@ from .loss import (
     vocabulary_logprobs,
 )
 from .microbatch import empty_batch, to_device
-from .packing import collate_microbatches, use_packing
+from .packing import collate_microbatches, prefix_sharing, use_packing
+from .prefix_sharing import tree_attention_mask
 from .samples import Batch, Sample, sequence_rows
 from .scoring import scoring_mode
 from .snapshot import TrainingSnapshot
@@ -65,12 +66,34 @@ class Plan:
 def batch_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """The model's logits (B, L, V) over the batch's lines. A packed batch passes its positions
     and no attention mask: transformers then keeps attention within each row (packing.py); the
-    cache must be off, or it would not (a cache turns its packed-sequence detection off)."""
+    cache must be off, or it would not (a cache turns its packed-sequence detection off). Lines
+    with shared prefixes pass their own 4D mask as well (prefix_sharing.py)."""
     if batch.positions is None:
         out = model(input_ids=batch.inputs, attention_mask=batch.attention, use_cache=False)
-    else:
+    elif batch.units is None:
         out = model(input_ids=batch.inputs, position_ids=batch.positions, use_cache=False)
+    else:
+        out = model(
+            input_ids=batch.inputs,
+            position_ids=batch.positions,
+            attention_mask=shared_prefix_mask(model, batch.units, batch.branches),
+            use_cache=False,
+        )
     return out.logits
+
+
+def shared_prefix_mask(
+    model: torch.nn.Module, units: torch.Tensor, branches: torch.Tensor | None
+) -> torch.Tensor:
+    """A batch's 4D mask of shared prefixes (its `units`, `branches`), as the model's attention
+    takes it: boolean for sdpa, additive for eager (in the dtype of its weights)."""
+    inner = getattr(model, "module", model)
+    config = getattr(inner, "config", None)
+    if branches is None:
+        raise ValueError("a batch with units carries branches too (samples.collate_units)")
+    if getattr(config, "_attn_implementation", None) == "sdpa":
+        return tree_attention_mask(units, branches)
+    return tree_attention_mask(units, branches, next(inner.parameters()).dtype)
 
 
 def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -95,18 +118,21 @@ def plan_update(
     stop_ids: tuple[int, ...] = (),
     *,
     packed: bool = False,
+    share: float | None = None,
 ) -> Plan:
     """Minibatches (disjoint slices of the rows, one optimizer step each); each rank takes every
     world-th row of a minibatch and packs its share into micro-batches within the budget. A row
     is a sample, or a training sequence's samples (`sequence_rows`), never split. `packed`:
-    several rows to a line (trainer/loop/packing.py); otherwise a padded row per line."""
+    several rows to a line (trainer/loop/packing.py), sharing prefixes where `share` (an attention
+    weight, `packing.prefix_sharing`) is given; otherwise a padded row per line."""
     world, rank = collectives.world_size(), collectives.rank()
     rows = sequence_rows(samples)
     minibatches = [rows[i :: config.minibatches] for i in range(config.minibatches)]
     shares = [[s for row in m[rank::world] for s in row] for m in minibatches if m]
     budget = config.max_tokens_per_microbatch
     batches = [
-        collate_microbatches(share, budget, pad_id, stop_ids, packed=packed) for share in shares
+        collate_microbatches(mine, budget, pad_id, stop_ids, packed=packed, share=share)
+        for mine in shares
     ]
     counts = collectives.all_reduce(torch.tensor([len(b) for b in batches], device=device), "max")
     tokens = collectives.all_reduce(
@@ -186,8 +212,8 @@ def policy_update(
         current_version = max((v for s in samples for v in s.token_versions()), default=0)
     model.train()  # gradient checkpointing in transformers needs it; dropout is off
     try:
-        packed = use_packing(config, model)
-        plan = plan_update(samples, config, pad_id, device, stop_ids, packed=packed)
+        packed, share = use_packing(config, model), prefix_sharing(config, model)
+        plan = plan_update(samples, config, pad_id, device, stop_ids, packed=packed, share=share)
         metrics = _optimise(
             model, optimizer, plan, config, device, steps, scheduled, current_version, loss_hook
         )
