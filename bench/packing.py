@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.loop.device import prepare_model  # noqa: E402
 from trainer.loop.microbatch import pack_microbatches  # noqa: E402
-from trainer.loop.packing import pack_lines, padding_fraction  # noqa: E402
+from trainer.loop.packing import pack_units, padding_fraction, shared_units  # noqa: E402
 from trainer.loop.prefix_sharing import attention_weight  # noqa: E402
-from trainer.loop.samples import Sample, collate_lines, row_tokens, sequence_rows  # noqa: E402
+from trainer.loop.samples import Sample, Unit, collate_units, row_tokens, sequence_rows  # noqa: E402
 from trainer.loop.update import batch_logprobs, plan_update, policy_update  # noqa: E402
 
 MODEL = Path.home() / ".cache" / "rlgw" / "models" / "smollm2-135m-instruct-0.1.2"
@@ -82,23 +82,42 @@ def layout(samples: list[Sample], config: TrainerConfig, pad_id: int, share: flo
     }
 
 
-def logprob_gap(model, samples: list[Sample], budget: int, pad_id: int) -> float:
-    """The largest |log p packed - log p padded| over every output token (no gradient)."""
-    packed = pack_lines(samples, budget)
-    padded = [[[row] for row in sequence_rows(g)] for g in pack_microbatches(samples, budget)]
-    found: list[dict[str, torch.Tensor]] = [{}, {}]
+def layout_logprobs(model, lines_groups: list[list[list[Unit]]], pad_id: int) -> dict:
+    """Each sample's log-probs at its output targets, over micro-batches of lines of units."""
+    out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for out, groups in zip(found, (packed, padded), strict=True):
-            for lines in groups:
-                logp = batch_logprobs(model, collate_lines(lines, pad_id))  # (B, L-1)
-                for i, line in enumerate(lines):
-                    at = 0
-                    for row in line:
+        for lines in lines_groups:
+            logp = batch_logprobs(model, collate_units(lines, pad_id))  # (B, L-1)
+            for i, line in enumerate(lines):
+                at = 0
+                for unit in line:
+                    at += unit.shared
+                    for row in unit.rows:
+                        start = at - unit.shared  # where the row's token 0 would lie
                         for s in row:
-                            p = at + len(s.prompt_ids)
+                            p = start + len(s.prompt_ids)
                             out[s.completion_id] = logp[i, p - 1 : p - 1 + len(s.output_ids)]
-                        at += len(row_tokens(row))
-    return max(float((found[0][k] - found[1][k]).abs().max()) for k in found[1])
+                        at += len(row_tokens(row)) - unit.shared
+    return out
+
+
+def logprob_gaps(model, samples: list[Sample], budget: int, pad_id: int, alpha: float) -> dict:
+    """The largest |log p - log p padded| over every output token (no gradient), packed and
+    packed with shared prefixes."""
+    rows = [Unit([row]) for row in sequence_rows(samples)]
+    layouts = {
+        "off": [
+            [[Unit([r])] for r in sequence_rows(g)] for g in pack_microbatches(samples, budget)
+        ],
+        "on": pack_units(rows, budget),
+        "shared": pack_units(shared_units(samples, budget, alpha), budget),
+    }
+    found = {name: layout_logprobs(model, groups, pad_id) for name, groups in layouts.items()}
+    padded = found["off"]
+    return {
+        name: max(float((found[name][k] - padded[k]).abs().max()) for k in padded)
+        for name in ("on", "shared")
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answer-median", type=int, default=80, help="answer tokens, median")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--layout-only", action="store_true", help="the micro-batches, no update")
-    p.add_argument("--check", action="store_true", help="also the log-prob gap, packed-padded")
+    p.add_argument("--check", action="store_true", help="also the log-prob gaps to the padded path")
     args = p.parse_args(argv)
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -154,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32)
     model = prepare_model(model, configs["off"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-9)
-    gap = logprob_gap(model.eval(), samples, args.budget, pad_id) if args.check else None
-    if gap is not None:
-        print(f"largest |log p packed - log p padded| over output tokens: {gap:.2e}", flush=True)
+    gap = logprob_gaps(model.eval(), samples, args.budget, pad_id, alpha) if args.check else None
+    for name, value in (gap or {}).items():
+        print(f"largest |log p {name} - log p padded| over output tokens: {value:.2e}", flush=True)
     for step in range(args.steps + 1):  # step 0: warm-up (allocation, AdamW state), not timed
         for packing, config in configs.items():
             start = time.perf_counter()

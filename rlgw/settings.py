@@ -189,6 +189,14 @@ class Settings(HomeSettings):
         "before its parity probe; what still runs then is ended). A full-weight swap waits for "
         "none: it pauses them in place and they continue on the new weights.",
     )
+    colocated_batch_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long a colocated trainer waits for a full batch (batch_sessions, or as "
+        "full as whole groups allow) before it trains what is eligible: each update pauses "
+        "generation, so it waits for a full one while generation runs on every core. 0: an "
+        "update starts as soon as min_sessions are eligible, as in the other placements.",
+    )
     parity_tolerance: float = Field(
         default=1e-4,
         gt=0,

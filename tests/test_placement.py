@@ -99,7 +99,7 @@ def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Sta
         colocated.settings,
         make_sync_engine(colocated.db_url),
         MODEL_NAME,
-        TrainerConfig(lr=1e-2, batch_sessions=8),
+        TrainerConfig(lr=1e-2, batch_sessions=4),  # the four episodes: a full batch
         placement=Placement("colocated"),
         log=(lines := []).append,
     )

@@ -96,6 +96,7 @@ class OnlineTrainer(VersionPublishing):
         )
         self.log = log
         self.placement = placement or Placement()
+        self._short_since: float | None = None  # colocated: a short batch first waited then
         torch.manual_seed(config.seed)
         self.dist = init_distributed(config.device, settings.dist_timeout_s)
         self.rank0 = is_rank0()
@@ -205,9 +206,10 @@ class OnlineTrainer(VersionPublishing):
                 consent=self.settings.training_consent,
             )
             # too few to update on, unless whole groups cannot fill the batch any better
-            if 0 < len(claim.session_ids) < self.config.min_sessions and not claim.full:
+            if 0 < len(claim.session_ids) < self._batch_floor() and not claim.full:
                 unclaim(db, claim.session_ids, self.instance.id)
                 claim.session_ids = []
+            self._short_since = None if claim.session_ids else self._short_since
         if claim.released:
             self.log(
                 f"[train] released {len(claim.released)} session(s) whose claim lease passed "
@@ -344,6 +346,19 @@ class OnlineTrainer(VersionPublishing):
         if head != self.version:
             self._continue_from(head)
         return True
+
+    def _batch_floor(self) -> int:
+        """The sessions an update waits for: `min_sessions`; where generation pauses for each
+        update (colocated), a full batch, until the first claim found short has waited
+        RLGW_COLOCATED_BATCH_WAIT_S (then whatever is eligible trains)."""
+        if not self.placement.pauses_generation:
+            return self.config.min_sessions
+        now = time.monotonic()
+        if self._short_since is None:
+            self._short_since = now
+        if now - self._short_since >= self.settings.colocated_batch_wait_s:
+            return self.config.min_sessions
+        return self.config.batch_sessions
 
     def _overlaps(self) -> bool:
         """Whether a version may be published in the background while the next update computes
