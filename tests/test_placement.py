@@ -27,6 +27,7 @@ from rlgw.db.models import Backend, Consumption
 from rlgw.placement import Placement
 from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
+from trainer.loop.optimizer_state import load_state, state_path
 from trainer.loop.service import OnlineTrainer
 from trainer.swap.hold import HOLD_REASON
 
@@ -144,6 +145,10 @@ def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Sta
     assert report is not None and report.version is not None
     assert [s.outcome for s in report.swaps] == ["swapped"]
     assert report.metrics["hold_s"] > 0
+    # the AdamW moments of the version, written after the hold (generation ran again)
+    saved, message = load_state(state_path(colocated.settings.home, MODEL_NAME), report.version)
+    assert saved is not None, message
+    assert "moments" in report.metrics["phases"]
     assert not [line for line in lines if line.startswith("[hold]")], lines  # sleep, wake: 200
     events = colocated.home / "runs" / MODEL_NAME  # the version's TensorBoard scalars
     assert any(p.name.startswith("events.out.tfevents") for p in events.iterdir())

@@ -472,11 +472,14 @@ class OnlineTrainer(VersionPublishing):
                 self._remember_served()
                 window.wake()
 
+            held = window.report is not None  # generation paused: the moments wait for it
             try:
-                published, swaps = self._publish(pending, committed)
+                published, swaps = self._publish(pending, committed, moments=not held)
             except (ClaimLost, VersionConflict) as error:
                 self._not_recorded(error, pending)
                 return None
+        if held:  # written while generation runs again, not while it waits
+            self._save_moments(pending, published)
         # a gated model: the gate judges the candidate before it serves all traffic
         if published.candidate:
             verdict = self.governor.judge(published, self.model, before)

@@ -65,10 +65,15 @@ class VersionPublishing:
         return self._finish()[0]
 
     def _publish(
-        self, pending: PendingVersion, committed: Callable[[Published], None] | None = None
+        self,
+        pending: PendingVersion,
+        committed: Callable[[Published], None] | None = None,
+        *,
+        moments: bool = True,
     ) -> tuple[Published, list[SwapReport]]:
         """Record `pending` with its ledger in one transaction, save the AdamW moments it
-        reached, then push it to every backend: on the trainer's thread, or in the background
+        reached (unless `moments` is False: the caller saves them, `_save_moments`), then push
+        it to every backend: on the trainer's thread, or in the background
         (`committed(published)` runs between the commit and the push)."""
         published = self.publisher.record(
             pending.parent,
@@ -82,8 +87,8 @@ class VersionPublishing:
         pending.metrics["bytes"] = published.update.nbytes
         for name, seconds in published.timings.items():  # write, checksum, commit
             pending.clock.add(name, seconds)
-        with pending.clock.phase("moments"):
-            self.policy.save_moments(pending.moments, self.optimizer_path, published.version)
+        if moments:
+            self._save_moments(pending, published)
         test_hooks.crash_point("crash-after-commit")
         if committed is not None:
             committed(published)
@@ -94,6 +99,12 @@ class VersionPublishing:
             reference_new=pending.reference_new,
         )
         return published, swaps
+
+    def _save_moments(self, pending: PendingVersion, published: Published) -> None:
+        """The AdamW moments the committed version reached, for a restart to continue from (a
+        stop before they are written restarts them at zero: optimizer_state.py)."""
+        with pending.clock.phase("moments"):
+            self.policy.save_moments(pending.moments, self.optimizer_path, published.version)
 
     def _launch(self, pending: PendingVersion) -> None:
         """Publish `pending` in the background. Everything it holds is made its own first (the
