@@ -12,6 +12,9 @@ A line is no longer than the micro-batch's longest row: with a mask, attention c
 lines x width^2, so one line of the whole budget would cost far more than the padding it saves.
 Packed this way, a line's attention costs what a padded row of the same width would, and a
 micro-batch needs fewer lines than padded rows. Padding remains only at the ends of the lines.
+
+Lines are packed from units (`samples.Unit`): a row, or rows that share a prefix computed once
+(prefix_sharing.py), where the model's attention takes the 4D mask that keeps them apart.
 """
 
 from __future__ import annotations
