@@ -364,7 +364,8 @@ def _host(sequences: list[TrainingSequence], prompt: list[int]) -> TrainingSeque
     return best
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -378,7 +379,7 @@ def _cut(sequences: list[TrainingSequence], step: StepLike) -> Cut | None:
     best, shared = None, -1
     for s in sequences:
         if s.token_ids:
-            m = _common_prefix(prompt, s.token_ids)
+            m = common_prefix(prompt, s.token_ids)
             if m > shared:
                 best, shared = s, m
     if best is None:

@@ -115,10 +115,17 @@ def test_a_packed_row_does_not_see_its_neighbours() -> None:
 def test_the_packed_update_equals_the_padded_update(objective: dict) -> None:
     """Loss, metrics and (SGD, no clipping: the step is the gradient) weights; the sequence-level
     mask judges each packed row by its own tokens."""
-    samples, base = mixed_samples(), tiny_model(2)
+    samples = mixed_samples()
+    budget = 3 * max(len(row_tokens(r)) for r in sequence_rows(samples))
+    assert_update_equals_padded(samples, budget, objective)
+
+
+def assert_update_equals_padded(samples: list[Sample], budget: int, objective: dict) -> None:
+    """One SGD update of `samples` packed (prefixes shared where the default says so) and padded
+    gives the same weights, loss and metrics."""
+    base = tiny_model(2)
     before = weights(base)
     packed, padded = copy.deepcopy(base), copy.deepcopy(base)
-    budget = 3 * max(len(row_tokens(r)) for r in sequence_rows(samples))
 
     def run(model, packing: str) -> dict[str, float]:
         cfg = TrainerConfig(

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from rlgw.sequences import common_prefix
+
 from .samples import Sample, Unit, row_tokens
 
 Row = list[Sample]  # a sample, or the samples of one training sequence (`sequence_rows`)
@@ -44,14 +46,6 @@ def attention_weight(config: object | None) -> float:
     kv = getattr(config, "num_key_value_heads", None) or heads
     layer = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim + 3 * hidden * inter
     return 2 * heads * head_dim / layer
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for k in range(n):
-        if a[k] != b[k]:
-            return k
-    return n
 
 
 def shareable(row: Row) -> int:
