@@ -25,6 +25,7 @@ from conftest import ADMIN_KEY, free_port
 
 RLGW = Path(sys.executable).with_name("rlgw")
 MODEL = "tiny-seed0"
+COLOCATED_WAIT_S = 10.0  # RLGW_COLOCATED_BATCH_WAIT_S under the colocated placement
 
 
 @dataclass
@@ -87,6 +88,7 @@ def up(request, make_database, tmp_path_factory) -> Iterator[Up]:
     argv = [str(RLGW), "up", "--preset", "tiny", "--placement", placement]
     argv += ["--port", str(port), "--backend-port", str(free_port())]
     if placement == "colocated":  # trainer options reach the trainer, from a file and flags
+        env["RLGW_COLOCATED_BATCH_WAIT_S"] = str(COLOCATED_WAIT_S)
         (home / "trainer.toml").write_text("lr = 2e-5\nbatch_sessions = 16\n")
         argv += ["--trainer-config", str(home / "trainer.toml"), "--batch-sessions", "8"]
     log = home / "rlgw-up.log"
@@ -133,6 +135,17 @@ def test_rewarded_traffic_trains_a_version_that_the_backend_serves(up: Up) -> No
             "SELECT outcome, running IS NOT NULL, finished IS NOT NULL FROM swap_boundaries"
         ).fetchall()
     assert boundaries and all(b == ("served", True, True) for b in boundaries), boundaries
+
+
+@pytest.mark.parametrize("up", ["colocated"], indirect=True)
+def test_a_colocated_trainer_waits_for_a_full_batch_then_trains_a_short_one(up: Up) -> None:
+    """Half a batch (4 of 8 sessions) does not pause generation at once: the trainer `rlgw up`
+    started waits RLGW_COLOCATED_BATCH_WAIT_S for a full batch, then trains what is there."""
+    version = up.served_version() or 0
+    up.group(4)  # the group is ready once its last session closes, not before
+    ready = time.monotonic()
+    wait_for("the short batch served", lambda: (up.served_version() or 0) > version, 420, up.log)
+    assert time.monotonic() - ready >= COLOCATED_WAIT_S
 
 
 @pytest.mark.parametrize("up", ["shared"], indirect=True)

@@ -100,6 +100,12 @@ def shared_units(samples: list[Sample], max_tokens: int, alpha: float) -> list[U
     return units
 
 
+def model_config(model: torch.nn.Module) -> object | None:
+    """The transformers config of `model`, inside a DDP, FSDP2 or peft wrapper too."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel
+    return getattr(inner, "config", None)
+
+
 def supports_packing(model: torch.nn.Module) -> bool:
     """Whether `model` keeps attention within each row of a packed line: a transformers model of
     PACKED_FAMILIES under PACKED_ATTENTION, with a transformers that reads packed positions
@@ -108,8 +114,7 @@ def supports_packing(model: torch.nn.Module) -> bool:
         from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
     except ImportError:  # an older transformers: sdpa and eager would attend across rows
         return False
-    inner = getattr(model, "module", model)  # DistributedDataParallel
-    config = getattr(inner, "config", None)
+    config = model_config(model)
     return (
         getattr(config, "model_type", None) in PACKED_FAMILIES
         and getattr(config, "_attn_implementation", None) in PACKED_ATTENTION
@@ -126,11 +131,10 @@ def prefix_sharing(config: TrainerConfig, model: torch.nn.Module) -> float | Non
     `share_prefixes` on, the update packing, and an attention that takes a 4D mask."""
     if not (config.share_prefixes and use_packing(config, model)):
         return None
-    inner = getattr(model, "module", model)
-    model_config = getattr(inner, "config", None)
-    if getattr(model_config, "_attn_implementation", None) not in SHARED_ATTENTION:
+    config = model_config(model)
+    if getattr(config, "_attn_implementation", None) not in SHARED_ATTENTION:
         return None
-    return attention_weight(model_config)
+    return attention_weight(config)
 
 
 def collate_microbatches(

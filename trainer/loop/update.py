@@ -21,7 +21,7 @@ from .loss import (
     vocabulary_logprobs,
 )
 from .microbatch import empty_batch, to_device
-from .packing import collate_microbatches, prefix_sharing, use_packing
+from .packing import collate_microbatches, model_config, prefix_sharing, use_packing
 from .prefix_sharing import tree_attention_mask
 from .samples import Batch, Sample, sequence_rows
 from .scoring import scoring_mode
@@ -87,13 +87,11 @@ def shared_prefix_mask(
 ) -> torch.Tensor:
     """A batch's 4D mask of shared prefixes (its `units`, `branches`), as the model's attention
     takes it: boolean for sdpa, additive for eager (in the dtype of its weights)."""
-    inner = getattr(model, "module", model)
-    config = getattr(inner, "config", None)
     if branches is None:
         raise ValueError("a batch with units carries branches too (samples.collate_units)")
-    if getattr(config, "_attn_implementation", None) == "sdpa":
+    if getattr(model_config(model), "_attn_implementation", None) == "sdpa":
         return tree_attention_mask(units, branches)
-    return tree_attention_mask(units, branches, next(inner.parameters()).dtype)
+    return tree_attention_mask(units, branches, next(model.parameters()).dtype)
 
 
 def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
