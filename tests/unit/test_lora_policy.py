@@ -3,6 +3,7 @@ reference exactly, merging gives the same model, and a damaged adapter folder is
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from trainer.loop.distributed import DistContext
 from trainer.loop.policy import Policy
 from trainer.models.lora import merged
 from trainer.models.weights import state_dict
-from trainer.weight_update.lora import LoraAdapter
+from trainer.weight_update.lora import CONFIG_FILE, LoraAdapter, sort_target_modules
 
 
 def lora_policy(model: torch.nn.Module, **fields) -> Policy:
@@ -69,3 +70,19 @@ def test_an_adapter_with_non_finite_weights_is_refused(tmp_path: Path) -> None:
     tensors[first] = torch.full_like(tensors[first], float("nan"))
     save_file(tensors, str(adapter.payload_file))
     assert "NaN" in adapter.problems()[0]
+
+
+def test_an_adapter_config_has_the_same_bytes_whatever_order_peft_listed_its_modules(
+    tmp_path: Path,
+) -> None:
+    """peft writes `target_modules` in set order; the version's checksum covers this file."""
+    _, adapter = trained(tmp_path)
+    written = (Path(adapter.path) / CONFIG_FILE).read_text()
+    config = json.loads(written)
+    assert len(config["target_modules"]) > 1
+    assert config["target_modules"] == sorted(config["target_modules"])
+    reordered = tmp_path / CONFIG_FILE
+    config["target_modules"] = sorted(config["target_modules"], reverse=True)
+    reordered.write_text(json.dumps(config))
+    sort_target_modules(reordered)
+    assert reordered.read_text() == written

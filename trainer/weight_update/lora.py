@@ -53,6 +53,7 @@ class LoraAdapter(WeightUpdate):
     def write(cls, model: torch.nn.Module, path: str | Path, model_name: str, version: int) -> Self:
         """Save the adapter of a peft model (the trainer's reference) as the version's folder."""
         model.save_pretrained(str(path), safe_serialization=True)
+        sort_target_modules(Path(path) / CONFIG_FILE)
         return cls(path, model_name, version)
 
     @property
@@ -112,6 +113,15 @@ class LoraAdapter(WeightUpdate):
 
     def rollback(self, backend: VllmControl) -> None:
         backend.unload_lora_adapter(self.name)
+
+
+def sort_target_modules(config_file: Path) -> None:
+    """Rewrite peft's `target_modules` in sorted order: peft lists a set in iteration order, so
+    two saves of one adapter differed in bytes, and so in the checksum a version is sent with."""
+    config = json.loads(config_file.read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 def loaded_adapters(backend: VllmControl, model_name: str) -> list[str]:
