@@ -6,8 +6,9 @@ ask this object and never decide it themselves (docs/architecture.md, "Placement
     separated  both at once, on disjoint resources: CPU core sets (vLLM pinned to the backend
                cores, the trainer to its own, thread counts to match), or different GPUs
     colocated  one pool, time-shared: when an update is due the trainer takes the model's
-               backends out of routing (requests wait at the gateway, bounded), trains with
-               every core, swaps the new version in (verified) and generation resumes
+               backends out of routing (requests wait at the gateway, bounded) and pauses them
+               in place, trains with every core, lets generation resume, then swaps the new
+               version in (verified)
 
 On the CPU build vLLM's /sleep is a no-op, so colocated time-shares the cores only: the trainer
 gets all of them while generation is paused. On GPUs a colocated trainer would also put vLLM to

@@ -172,6 +172,64 @@ def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Sta
         assert max(diffs) < 1e-4, (record["policy_version"], max(diffs))
 
 
+def test_a_colocated_hold_freezes_the_answer_in_flight_and_it_goes_on_after_the_hold(
+    colocated: Stack,
+):
+    """The hold does not wait for the answers in flight: it pauses vLLM in place, no token comes
+    while the trainer has the cores, and the answer ends whole afterwards, on the same version."""
+    trainer = OnlineTrainer(
+        colocated.settings,
+        make_sync_engine(colocated.db_url),
+        MODEL_NAME,
+        TrainerConfig(),
+        placement=Placement("colocated"),
+        log=(lines := []).append,
+    )
+    client = openai.OpenAI(base_url=f"{colocated.gateway}/v1", api_key="unused", max_retries=0)
+    arrivals: list[float] = []
+    ended: dict[str, str | None] = {}
+
+    def answer() -> None:
+        stream = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "A long answer, please."}],
+            max_tokens=1900,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            arrivals.append(time.monotonic())
+            ended["id"] = chunk.id
+            ended["finish"] = next(
+                (c.finish_reason for c in chunk.choices if c.finish_reason), None
+            )
+
+    reader = threading.Thread(target=answer)
+    reader.start()
+    while len(arrivals) < 5:  # the answer has begun
+        time.sleep(0.01)
+    try:
+        with trainer._update_window() as hold:
+            assert ended.get("finish") is None  # entered without waiting for the answer
+            time.sleep(0.3)  # what vLLM had already sent arrives
+            frozen = len(arrivals)
+            time.sleep(1.5)
+            assert len(arrivals) == frozen  # no token while the trainer has the cores
+            with Session(create_engine(colocated.db_url)) as db:
+                state = db.execute(select(Backend.state, Backend.state_reason)).one()
+            assert tuple(state) == ("draining", HOLD_REASON)
+        reader.join(timeout=300)
+    finally:
+        trainer.close()
+    assert not reader.is_alive() and ended["finish"] == "length"
+    assert len(arrivals) > frozen  # it went on after the hold
+    assert hold.report.backends and not hold.report.problems, hold.report
+    assert not [line for line in lines if line.startswith("[hold]")], lines
+    record = colocated.admin.get(f"/admin/completions/{ended['id']}").json()
+    assert record["status"] == "complete" and record["eligible"], record
+    assert len(record["output_token_ids"]) == 1900
+
+
 @pytest.mark.skipif(len(CPUS) < 2, reason="a separated placement needs 2 CPUs")
 def test_separated_backend_and_trainer_run_on_disjoint_cores(
     make_database, tiny_model_dir, tmp_path

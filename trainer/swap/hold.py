@@ -1,17 +1,21 @@
-"""Time-sharing for a colocated placement: the model's backends leave routing while the trainer
+"""Time-sharing for a colocated placement: the model's backends stop generating while the trainer
 updates, so it has the cores (or, on GPUs, the device) to itself.
 
     hold:    active backends -> draining (reason HOLD_REASON; every gateway stops routing to
-             them and holds new requests, bounded by RLGW_BACKEND_HOLD_S), wait until vLLM has
-             nothing running, then put it to sleep (level 1; a no-op on the CPU build)
-    wake:    wake vLLM up before the swap (the swap needs it serving its probe)
-    release: every backend still draining for the hold goes back to active; a backend the swap
-             moved on (active on the new version, failed, ...) is left as the swap left it
+             them and holds new requests, bounded by RLGW_BACKEND_HOLD_S), vLLM paused in place
+             (`keep`: the answers in flight stay in the engine, frozen mid-answer), then put to
+             sleep (level 1, keeping them; a no-op on the CPU build)
+    release: wake vLLM up, resume it (the frozen answers go on, on the weights that began them),
+             and every backend still draining for the hold goes back to active
 
-Requests that wait at the gateway are leased after the release, so they run on the version
-then served: none is stamped with the wrong one. Sleep and wake follow vLLM's documented dev-mode
-API (`POST /sleep?level=1&mode=wait`, `POST /wake_up`); on GPUs they are experimental (never run
-here: no GPU build of vLLM runs on our machines).
+The hold covers the update only: the version is then recorded and swapped in by the verified
+swap (its own pause in place, boundary and parity probe) while generation runs again. Nothing
+waits for the answers in flight: before, the hold waited until vLLM ran nothing, 4-5 s a version
+in the learning benchmark (docs/benchmarks.md, "The colocated hold"). Requests that wait at the
+gateway are leased after the release, on the version then served: none is stamped with the
+wrong one. Sleep and wake follow vLLM's documented dev-mode API (`POST /sleep?level=1&mode=keep`,
+`POST /wake_up`); on GPUs they are experimental (never run here: no GPU build of vLLM runs on our
+machines).
 """
 
 from __future__ import annotations
@@ -35,16 +39,16 @@ HOLD_REASON = "colocated: generation paused while the trainer updates"
 @dataclass
 class HoldReport:
     backends: list[int] = field(default_factory=list)  # the ones held
-    drain_s: float = 0.0  # until vLLM ran nothing
+    pause_s: float = 0.0  # vLLM paused in place
     sleep_s: float = 0.0
     wake_s: float = 0.0
+    resume_s: float = 0.0
     held_s: float = 0.0  # out of routing for the hold, in all
-    drained: bool = True  # False: the drain timed out (requests still ran when training began)
-    problems: list[str] = field(default_factory=list)  # sleep/wake failures (the hold goes on)
+    problems: list[str] = field(default_factory=list)  # pause/sleep/wake failures (it goes on)
 
 
 class GenerationHold:
-    """`with GenerationHold(coordinator, model_id) as hold: train; hold.wake(); swap`."""
+    """`with GenerationHold(coordinator, model_id) as hold: train`; then record and swap."""
 
     def __init__(
         self,
@@ -72,32 +76,18 @@ class GenerationHold:
                 self.coordinator.set_state(backend.id, bs.DRAINING, HOLD_REASON)
                 self._urls[backend.id] = backend.url
         self.report.backends = sorted(self._urls)
-        self._drain()
+        t0 = time.perf_counter()
+        self._each("pause", lambda v: v.pause("keep"))
+        self.report.pause_s = time.perf_counter() - t0
         if self.sleep_level is not None:
             t0 = time.perf_counter()
-            self._each("sleep", lambda v: v.sleep(self.sleep_level))
+            self._each("sleep", lambda v: v.sleep(self.sleep_level, mode="keep"))
             self._asleep = True
             self.report.sleep_s = time.perf_counter() - t0
         return self
 
     def _control(self, url: str) -> VllmControl:
         return VllmControl(self.coordinator.http, url)
-
-    def _drain(self) -> None:
-        t0 = time.perf_counter()
-        deadline = t0 + self.coordinator.drain_timeout_s
-        pending = dict(self._urls)
-        while pending and time.perf_counter() < deadline:
-            for backend_id, url in list(pending.items()):
-                try:
-                    if self._control(url).requests_in_flight() == 0:
-                        del pending[backend_id]
-                except httpx.HTTPError:
-                    del pending[backend_id]  # unreachable: nothing runs there for us to wait on
-            if pending:
-                time.sleep(0.02)
-        self.report.drained = not pending
-        self.report.drain_s = time.perf_counter() - t0
 
     def _each(self, what: str, call: Callable[[VllmControl], None]) -> None:
         for backend_id, url in self._urls.items():
@@ -108,16 +98,16 @@ class GenerationHold:
                 self.report.problems.append(problem)
                 self.log(f"[hold] {problem}")
 
-    def wake(self) -> None:
-        """Wake the backends up (before the swap: it needs them serving)."""
+    def __exit__(self, *exc: object) -> None:
+        """Generation goes on, whether the update succeeded or not."""
         if self._asleep:
             t0 = time.perf_counter()
             self._each("wake_up", VllmControl.wake_up)
             self._asleep = False
             self.report.wake_s = time.perf_counter() - t0
-
-    def __exit__(self, *exc: object) -> None:
-        self.wake()  # an update that failed still gives the backends back
+        t0 = time.perf_counter()
+        self._each("resume", VllmControl.resume)
+        self.report.resume_s = time.perf_counter() - t0
         if self._urls:
             with self.coordinator.db_sessions() as db, db.begin():
                 released = db.scalars(
@@ -144,9 +134,6 @@ class NoHold:
 
     def __enter__(self) -> NoHold:
         return self
-
-    def wake(self) -> None:
-        pass
 
     def __exit__(self, *exc: object) -> None:
         pass
