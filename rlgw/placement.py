@@ -7,8 +7,8 @@ ask this object and never decide it themselves (docs/architecture.md, "Placement
                cores, the trainer to its own, thread counts to match), or different GPUs
     colocated  one pool, time-shared: when an update is due the trainer takes the model's
                backends out of routing (requests wait at the gateway, bounded) and pauses them
-               in place, trains with every core, lets generation resume, then swaps the new
-               version in (verified)
+               in place (the answers in flight freeze), trains with every core, swaps the new
+               version in (verified) and generation resumes
 
 On the CPU build vLLM's /sleep is a no-op, so colocated time-shares the cores only: the trainer
 gets all of them while generation is paused. On GPUs a colocated trainer would also put vLLM to

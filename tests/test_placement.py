@@ -157,19 +157,83 @@ def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Sta
     assert not errors, errors[:3]
     assert replies
     references = {report.version - 1: before, report.version: trainer.model}
-    for completion_id in replies:  # every stamped version is the one that produced the tokens
+    # every stamped version is the one that produced the tokens: an answer the hold froze goes
+    # on from the new version, each of its tokens stamped with its own
+    for completion_id in replies:
         record = colocated.admin.get(f"/admin/completions/{completion_id}").json()
         assert record["status"] == "complete", record
         if not record["eligible"]:
             assert "swap" in record["eligibility_reason"], record  # crossed one: excluded
             continue
-        expected = output_logprobs(
-            references[record["policy_version"]],
-            record["prompt_token_ids"],
-            record["output_token_ids"],
+        output = record["output_token_ids"]
+        versions = record["output_versions"] or [record["policy_version"]] * len(output)
+        for version in set(versions):
+            expected = output_logprobs(references[version], record["prompt_token_ids"], output)
+            diffs = [
+                abs(a - b)
+                for a, b, v in zip(expected, record["output_logprobs"], versions, strict=True)
+                if v == version
+            ]
+            assert max(diffs) < 1e-4, (version, versions, max(diffs))
+
+
+class LongAnswer:
+    """CHOICES streamed choices of 1,900 tokens through the gateway (seconds of work for the
+    tiny model), read in a thread: the completion id of its first choice, each choice's finish."""
+
+    TOKENS, CHOICES = 1900, 16
+
+    def __init__(self, gateway: str) -> None:
+        self.client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
+        self.chunks = 0
+        self.id: str | None = None
+        self.finish: dict[int, str] = {}
+        self.reader = threading.Thread(target=self._read)
+        self.reader.start()
+        while self.chunks < 5:  # it has begun
+            time.sleep(0.01)
+
+    def _read(self) -> None:
+        stream = self.client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "A long answer, please."}],
+            max_tokens=self.TOKENS,
+            n=self.CHOICES,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
-        diffs = [abs(a - b) for a, b in zip(expected, record["output_logprobs"], strict=True)]
-        assert max(diffs) < 1e-4, (record["policy_version"], max(diffs))
+        for chunk in stream:
+            self.chunks += 1
+            self.id = self.id or chunk.id
+            self.finish.update({c.index: c.finish_reason for c in chunk.choices if c.finish_reason})
+
+    def join(self) -> None:
+        self.reader.join(timeout=300)
+        assert not self.reader.is_alive()
+        assert self.finish == dict.fromkeys(range(self.CHOICES), "length"), self.finish
+
+
+def generated_tokens(backend: str) -> float:
+    """vLLM's own count of the tokens it has generated."""
+    metrics = httpx.get(f"{backend}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
+
+
+def colocated_trainer(stack: Stack, **config) -> tuple[OnlineTrainer, list[str]]:
+    lines: list[str] = []
+    trainer = OnlineTrainer(
+        stack.settings,
+        make_sync_engine(stack.db_url),
+        MODEL_NAME,
+        TrainerConfig(**config),
+        placement=Placement("colocated"),
+        log=lines.append,
+    )
+    return trainer, lines
 
 
 def test_a_colocated_hold_freezes_the_answer_in_flight_and_it_goes_on_after_the_hold(
@@ -177,57 +241,53 @@ def test_a_colocated_hold_freezes_the_answer_in_flight_and_it_goes_on_after_the_
 ):
     """The hold does not wait for the answers in flight: it pauses vLLM in place, no token comes
     while the trainer has the cores, and the answer ends whole afterwards, on the same version."""
-    trainer = OnlineTrainer(
-        colocated.settings,
-        make_sync_engine(colocated.db_url),
-        MODEL_NAME,
-        TrainerConfig(),
-        placement=Placement("colocated"),
-        log=(lines := []).append,
-    )
-    client = openai.OpenAI(base_url=f"{colocated.gateway}/v1", api_key="unused", max_retries=0)
-    arrivals: list[float] = []
-    ended: dict[str, str | None] = {}
-
-    def answer() -> None:
-        stream = client.chat.completions.create(
-            model=MODEL_NAME,
-            messages=[{"role": "user", "content": "A long answer, please."}],
-            max_tokens=1900,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        for chunk in stream:
-            arrivals.append(time.monotonic())
-            ended["id"] = chunk.id
-            ended["finish"] = next(
-                (c.finish_reason for c in chunk.choices if c.finish_reason), None
-            )
-
-    reader = threading.Thread(target=answer)
-    reader.start()
-    while len(arrivals) < 5:  # the answer has begun
-        time.sleep(0.01)
+    trainer, lines = colocated_trainer(colocated)
+    answer = LongAnswer(colocated.gateway)
     try:
         with trainer._update_window() as hold:
-            assert ended.get("finish") is None  # entered without waiting for the answer
-            time.sleep(0.3)  # what vLLM had already sent arrives
-            frozen = len(arrivals)
+            assert len(answer.finish) < LongAnswer.CHOICES  # entered without waiting for it
+            time.sleep(0.3)
+            frozen = generated_tokens(colocated.backend)
             time.sleep(1.5)
-            assert len(arrivals) == frozen  # no token while the trainer has the cores
+            assert generated_tokens(colocated.backend) == frozen  # vLLM generates nothing
             with Session(create_engine(colocated.db_url)) as db:
                 state = db.execute(select(Backend.state, Backend.state_reason)).one()
             assert tuple(state) == ("draining", HOLD_REASON)
-        reader.join(timeout=300)
+        answer.join()
     finally:
         trainer.close()
-    assert not reader.is_alive() and ended["finish"] == "length"
-    assert len(arrivals) > frozen  # it went on after the hold
+    assert generated_tokens(colocated.backend) > frozen  # it went on after the hold
     assert hold.report.backends and not hold.report.problems, hold.report
     assert not [line for line in lines if line.startswith("[hold]")], lines
-    record = colocated.admin.get(f"/admin/completions/{ended['id']}").json()
+    record = colocated.admin.get(f"/admin/completions/{answer.id}").json()
     assert record["status"] == "complete" and record["eligible"], record
-    assert len(record["output_token_ids"]) == 1900
+    assert len(record["output_token_ids"]) == LongAnswer.TOKENS
+    assert set(record["output_versions"] or [record["policy_version"]]) == {
+        record["policy_version"]
+    }
+
+
+def test_an_answer_frozen_by_a_colocated_update_goes_on_from_the_new_version(colocated: Stack):
+    """An update while an answer is in flight: the answer is cut where the hold froze it, its
+    tokens after the cut come from the new version, and it is complete and trainable."""
+    for reward in (1.0, 0.0, 1.0, 0.0):
+        colocated.episode(reward)
+    trainer, lines = colocated_trainer(colocated, lr=1e-2, batch_sessions=4)
+    answer = LongAnswer(colocated.gateway)
+    try:
+        report = trainer.step()
+        answer.join()
+    finally:
+        trainer.close()
+    assert report is not None and report.version is not None
+    assert [s.outcome for s in report.swaps] == ["swapped"], lines
+    assert (report.swaps[0].held or 0) >= 1  # the swap's pause found the frozen answer
+    record = colocated.admin.get(f"/admin/completions/{answer.id}").json()
+    assert record["status"] == "complete" and record["eligible"], record
+    versions = record["output_versions"]
+    assert versions is not None and len(versions) == LongAnswer.TOKENS
+    assert versions == sorted(versions)
+    assert set(versions) == {report.version - 1, report.version}, sorted(set(versions))
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="a separated placement needs 2 CPUs")

@@ -397,8 +397,6 @@ class OnlineTrainer(VersionPublishing):
         claim, trajectories, samples, skips, fractions, cuts = claimed
         if self.inflight is None:
             self.governor.baseline(self.version)  # the promoted version's score, while it serves
-        # Colocated: generation stops for the update only; the version is recorded and swapped
-        # in (the swap's own pause in place) once it runs again (trainer/swap/hold.py).
         with self._update_window() as window:
             # update the policy (every rank)
             self._tell("train", (samples, self.version))
@@ -421,68 +419,66 @@ class OnlineTrainer(VersionPublishing):
             with clock.phase("gather"):
                 weights = self.policy.weights()  # the reference (self.model) holds them now
                 moments = self.policy.gather_moments()  # the last collective of the step
-        if window.report is not None:
-            metrics["hold_s"] = window.report.held_s
-        returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
-        metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
-        metrics["train_s"] = time.perf_counter() - t0
-        metrics["skipped_frac"] = fractions  # of the claimed completions, by reason kind
-        metrics["cuts"] = cuts  # the update's sequences, by the cut that begins each
-        finished = None
-        if self.inflight is not None:  # the version this update was built on
-            finished, recorded = self._finish()
-            base = self.version
-            if not recorded or not self._govern() or self.version != base:
-                # not recorded (the trainer is back on the head), a canary being judged,
-                # or a moved head (followed): this update was built on no head
-                self._discard(claim.session_ids, reload=recorded and self.version == base)
-                return finished
-        test_hooks.crash_point("crash-before-commit")
-        test_hooks.commit_delay()
-        with clock.phase("delta"):
-            payload, kind = version_payload(
-                self.policy.lora is not None,
-                self.model,
-                weights,
-                self.served,
-                self.version + 1,
-                self.config.anchor_every,
-                self.config.delta_dtype,
+            returns = [t.return_raw for t in trajectories if t and t.return_raw is not None]
+            metrics["reward_mean"] = sum(returns) / len(returns) if returns else 0.0
+            metrics["train_s"] = time.perf_counter() - t0
+            metrics["skipped_frac"] = fractions  # of the claimed completions, by reason kind
+            metrics["cuts"] = cuts  # the update's sequences, by the cut that begins each
+            finished = None
+            if self.inflight is not None:  # the version this update was built on
+                finished, recorded = self._finish()
+                base = self.version
+                if not recorded or not self._govern() or self.version != base:
+                    # not recorded (the trainer is back on the head), a canary being judged,
+                    # or a moved head (followed): this update was built on no head
+                    self._discard(claim.session_ids, reload=recorded and self.version == base)
+                    return finished
+            test_hooks.crash_point("crash-before-commit")
+            test_hooks.commit_delay()
+            with clock.phase("delta"):
+                payload, kind = version_payload(
+                    self.policy.lora is not None,
+                    self.model,
+                    weights,
+                    self.served,
+                    self.version + 1,
+                    self.config.anchor_every,
+                    self.config.delta_dtype,
+                )
+            pending = PendingVersion(
+                parent=self.version,
+                payload=payload,
+                kind=kind,
+                metrics=metrics,
+                session_ids=claim.session_ids,
+                ledger=lambda db, version: record_ledger(
+                    db, self.publisher.model.id, version, samples, skips, claim.session_ids
+                ),
+                moments=moments,
+                weights=self.model,
+                reference_old=before,
+                clock=clock,
+                started=t0,
+                claimed_at=now,
+                report_args=(claim, trajectories, samples, skips),
             )
-        pending = PendingVersion(
-            parent=self.version,
-            payload=payload,
-            kind=kind,
-            metrics=metrics,
-            session_ids=claim.session_ids,
-            ledger=lambda db, version: record_ledger(
-                db, self.publisher.model.id, version, samples, skips, claim.session_ids
-            ),
-            moments=moments,
-            weights=self.model,
-            reference_old=before,
-            clock=clock,
-            started=t0,
-            claimed_at=now,
-            report_args=(claim, trajectories, samples, skips),
-        )
-        if overlap:
-            self._launch(pending)
-            return finished
+            if overlap:
+                self._launch(pending)
+                return finished
 
-        # record the version and its ledger in one transaction, then push it
-        def committed(published: Published) -> None:
-            self.version = published.version
-            self._remember_served()
+            # record the version and its ledger in one transaction, then push it
+            def committed(published: Published) -> None:
+                self.version = published.version
+                self._remember_served()
+                window.wake()
 
-        # colocated: the moments wait until the new version serves
-        later = self.placement.pauses_generation
-        try:
-            published, swaps = self._publish(pending, committed, moments=not later)
-        except (ClaimLost, VersionConflict) as error:
-            self._not_recorded(error, pending)
-            return None
-        if later:
+            held = window.report is not None  # generation paused: the moments wait for it
+            try:
+                published, swaps = self._publish(pending, committed, moments=not held)
+            except (ClaimLost, VersionConflict) as error:
+                self._not_recorded(error, pending)
+                return None
+        if held:  # written while generation runs again, not while it waits
             self._save_moments(pending, published)
         # a gated model: the gate judges the candidate before it serves all traffic
         if published.candidate:
@@ -491,6 +487,8 @@ class OnlineTrainer(VersionPublishing):
             metrics["gate"] = verdict.outcome
             if verdict.outcome != "canary" and verdict.head != self.version:  # rejected
                 self._continue_from(verdict.head)
+        if window.report is not None:
+            metrics["hold_s"] = window.report.held_s
         return self._published(pending, published, swaps)
 
     def _skip_update(

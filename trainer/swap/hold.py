@@ -5,17 +5,18 @@ updates, so it has the cores (or, on GPUs, the device) to itself.
              them and holds new requests, bounded by RLGW_BACKEND_HOLD_S), vLLM paused in place
              (`keep`: the answers in flight stay in the engine, frozen mid-answer), then put to
              sleep (level 1, keeping them; a no-op on the CPU build)
-    release: wake vLLM up, resume it (the frozen answers go on, on the weights that began them),
-             and every backend still draining for the hold goes back to active
+    wake:    wake vLLM up before the swap (the swap needs it serving its probe); the answers
+             in flight stay paused in place for the swap's stage
+    release: every backend still draining for the hold goes back to active, and vLLM resumes
+             (unless a swap failed it): the frozen answers go on, from the version the swap
+             installed, the swap's boundary recording where each was cut
 
-The hold covers the update only: the version is then recorded and swapped in by the verified
-swap (its own pause in place, boundary and parity probe) while generation runs again. Nothing
-waits for the answers in flight: before, the hold waited until vLLM ran nothing, 4-5 s a version
-in the learning benchmark (docs/benchmarks.md, "The colocated hold"). Requests that wait at the
-gateway are leased after the release, on the version then served: none is stamped with the
-wrong one. Sleep and wake follow vLLM's documented dev-mode API (`POST /sleep?level=1&mode=keep`,
-`POST /wake_up`); on GPUs they are experimental (never run here: no GPU build of vLLM runs on our
-machines).
+Nothing waits for the answers in flight: until 2026-12-07 the hold waited until vLLM ran nothing
+(2-4 s a version in the learning benchmark, docs/benchmarks.md "The colocated hold pauses in
+place"). Requests that wait at the gateway are leased after the release, on the version then
+served: none is stamped with the wrong one. Sleep and wake follow vLLM's documented dev-mode API
+(`POST /sleep?level=1&mode=keep`, `POST /wake_up`); on GPUs they are experimental (never run
+here: no GPU build of vLLM runs on our machines).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
-from sqlalchemy import and_, func, update
+from sqlalchemy import and_, func, select, update
 
 from rlgw import backend_state as bs
 from rlgw.db.models import Backend
@@ -48,7 +49,7 @@ class HoldReport:
 
 
 class GenerationHold:
-    """`with GenerationHold(coordinator, model_id) as hold: train`; then record and swap."""
+    """`with GenerationHold(coordinator, model_id) as hold: train; record; hold.wake(); swap`."""
 
     def __init__(
         self,
@@ -90,24 +91,35 @@ class GenerationHold:
         return VllmControl(self.coordinator.http, url)
 
     def _each(self, what: str, call: Callable[[VllmControl], None]) -> None:
-        for backend_id, url in self._urls.items():
-            try:
-                call(self._control(url))
-            except (ControlError, httpx.HTTPError) as exc:
-                problem = f"backend {backend_id}: {what} failed: {exc}"
-                self.report.problems.append(problem)
-                self.log(f"[hold] {problem}")
+        for backend_id in self._urls:
+            self._call(backend_id, what, call)
 
-    def __exit__(self, *exc: object) -> None:
-        """Generation goes on, whether the update succeeded or not."""
+    def _resume(self, backend_id: int) -> None:
+        self._call(backend_id, "resume", VllmControl.resume)
+
+    def _call(self, backend_id: int, what: str, call: Callable[[VllmControl], None]) -> None:
+        try:
+            call(self._control(self._urls[backend_id]))
+        except (ControlError, httpx.HTTPError) as exc:
+            problem = f"backend {backend_id}: {what} failed: {exc}"
+            self.report.problems.append(problem)
+            self.log(f"[hold] {problem}")
+
+    def wake(self) -> None:
+        """Wake the backends up before the swap (it needs them serving its probe). vLLM's wake-up
+        resumes its scheduler: the answers in flight are paused in place again at once, so that
+        the swap's stage has the cores and its pause cuts them where the hold did."""
         if self._asleep:
             t0 = time.perf_counter()
             self._each("wake_up", VllmControl.wake_up)
+            self._each("pause", lambda v: v.pause("keep"))
             self._asleep = False
             self.report.wake_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self._each("resume", VllmControl.resume)
-        self.report.resume_s = time.perf_counter() - t0
+
+    def __exit__(self, *exc: object) -> None:
+        """Generation goes on, whether the update succeeded or not: every backend still held is
+        resumed and goes back to active (one the swap moved is left as the swap left it)."""
+        self.wake()
         if self._urls:
             with self.coordinator.db_sessions() as db, db.begin():
                 released = db.scalars(
@@ -124,6 +136,21 @@ class GenerationHold:
                 ).all()
                 for backend_id in released:
                     db.execute(bs.NOTIFY, bs.notify_args(backend_id))
+                failed = set(
+                    db.scalars(
+                        select(Backend.id).where(
+                            Backend.id.in_(self._urls), Backend.state == bs.FAILED
+                        )
+                    ).all()
+                )
+            # Resumed unless a swap failed it (it then ended what it held, or keeps it paused on
+            # purpose); one the swap served is running already, and a resume changes nothing.
+            # vLLM queues what is routed to it before its resume.
+            t0 = time.perf_counter()
+            for backend_id in self._urls:
+                if backend_id not in failed:
+                    self._resume(backend_id)
+            self.report.resume_s = time.perf_counter() - t0
         self.report.held_s = time.perf_counter() - self._t0
 
 
@@ -134,6 +161,9 @@ class NoHold:
 
     def __enter__(self) -> NoHold:
         return self
+
+    def wake(self) -> None:
+        pass
 
     def __exit__(self, *exc: object) -> None:
         pass
