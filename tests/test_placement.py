@@ -29,7 +29,7 @@ from rlgw.registry import register_backend
 from trainer.config import TrainerConfig
 from trainer.loop.optimizer_state import load_state, state_path
 from trainer.loop.service import OnlineTrainer
-from trainer.swap.hold import HOLD_REASON
+from trainer.swap.hold import HOLD_REASON, GenerationHold
 
 from conftest import ADMIN_KEY, MODEL_NAME, LiveServer, free_port, gateway_settings
 from swap_helpers import output_logprobs
@@ -149,7 +149,7 @@ def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Sta
     saved, message = load_state(state_path(colocated.settings.home, MODEL_NAME), report.version)
     assert saved is not None, message
     assert "moments" in report.metrics["phases"]
-    assert not [line for line in lines if line.startswith("[hold]")], lines  # sleep, wake: 200
+    assert not [line for line in lines if line.startswith("[hold]")], lines  # pause, resume: 200
     events = colocated.home / "runs" / MODEL_NAME  # the version's TensorBoard scalars
     assert any(p.name.startswith("events.out.tfevents") for p in events.iterdir())
     assert ("draining", HOLD_REASON) in states  # generation was out of routing for the update
@@ -236,20 +236,30 @@ def colocated_trainer(stack: Stack, **config) -> tuple[OnlineTrainer, list[str]]
     return trainer, lines
 
 
+@pytest.mark.parametrize("sleep_level", [None, 1], ids=["cpu", "with-sleep"])
 def test_a_colocated_hold_freezes_the_answer_in_flight_and_it_goes_on_after_the_hold(
-    colocated: Stack,
+    colocated: Stack, sleep_level: int | None
 ):
     """The hold does not wait for the answers in flight: it pauses vLLM in place, no token comes
-    while the trainer has the cores, and the answer ends whole afterwards, on the same version."""
+    while the trainer has the cores, and the answer ends whole afterwards, on the same version.
+    With vLLM's sleep (what a GPU trainer asks for; on the CPU build it only pauses the
+    scheduler, and its wake-up resumes it) the answer stays frozen after the wake-up too."""
     trainer, lines = colocated_trainer(colocated)
+    coordinator, model_id = trainer.publisher.coordinator, trainer.publisher.model.id
     answer = LongAnswer(colocated.gateway)
+    hold = GenerationHold(coordinator, model_id, sleep_level=sleep_level, log=lines.append)
     try:
-        with trainer._update_window() as hold:
+        with hold:
             assert len(answer.finish) < LongAnswer.CHOICES  # entered without waiting for it
             time.sleep(0.3)
             frozen = generated_tokens(colocated.backend)
-            time.sleep(1.5)
+            time.sleep(1.0)
             assert generated_tokens(colocated.backend) == frozen  # vLLM generates nothing
+            hold.wake()  # what the trainer does before its swap (one step may slip through)
+            time.sleep(0.3)
+            frozen = generated_tokens(colocated.backend)
+            time.sleep(0.5)
+            assert generated_tokens(colocated.backend) == frozen  # paused in place again
             with Session(create_engine(colocated.db_url)) as db:
                 state = db.execute(select(Backend.state, Backend.state_reason)).one()
             assert tuple(state) == ("draining", HOLD_REASON)

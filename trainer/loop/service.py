@@ -183,7 +183,10 @@ class OnlineTrainer(VersionPublishing):
         the cores, or the device, to itself), running beside it otherwise."""
         if not (self.rank0 and self.placement.pauses_generation):
             return NoHold()
-        return GenerationHold(self.publisher.coordinator, self.publisher.model.id, log=self.log)
+        # vLLM's sleep frees a GPU; on the CPU build it only pauses the scheduler (done already)
+        sleep_level = 1 if self.dist.device.type == "cuda" else None
+        coordinator, model_id = self.publisher.coordinator, self.publisher.model.id
+        return GenerationHold(coordinator, model_id, sleep_level=sleep_level, log=self.log)
 
     def sync_backends(self) -> list[SwapReport]:
         """Bring backends that serve another version to the current one (full weights)."""
@@ -466,10 +469,14 @@ class OnlineTrainer(VersionPublishing):
                 self._launch(pending)
                 return finished
 
+            # its probe scores: the swap's reference, then the next update's starting point
+            pending.reference_new = reference_scores(self.model)
+
             # record the version and its ledger in one transaction, then push it
             def committed(published: Published) -> None:
                 self.version = published.version
                 self._remember_served()
+                self.launched_scores = pending.reference_new
                 window.wake()
 
             held = window.report is not None  # generation paused: the moments wait for it
