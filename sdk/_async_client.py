@@ -138,10 +138,11 @@ class AsyncSession:
         self.base_url = base_url
 
     def openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
-        """An `openai.AsyncOpenAI` client bound to this session's base URL (no request)."""
+        """An `openai.AsyncOpenAI` client bound to this session's base URL (no request), on the
+        SDK's shared TLS context (its own connection pool)."""
         import openai
 
-        kwargs.setdefault("api_key", _base.openai_api_key(self._gateway.api_key))
+        kwargs = _base.openai_kwargs(self._gateway.api_key, kwargs, openai.DefaultAsyncHttpxClient)
         return openai.AsyncOpenAI(base_url=self.base_url, **kwargs)
 
     async def reward(

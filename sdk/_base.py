@@ -10,8 +10,10 @@ an id is never retried: a lost answer would leave a second, unseen session behin
 from __future__ import annotations
 
 import email.utils
+import functools
 import math
 import random
+import ssl
 import time
 import uuid
 from collections.abc import Mapping
@@ -62,6 +64,27 @@ def session_base_url(gateway_url: str, session_id: str) -> str:
 
 def openai_api_key(api_key: str | None) -> str:
     return api_key or "unused"  # the openai client refuses to start without one
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context (the CA bundle httpx trusts) for every session's openai client: a new
+    client builds its own otherwise, 20-150 ms of CPU holding the event loop, once per session."""
+    try:
+        import certifi
+    except ImportError:  # pragma: no cover - certifi comes with httpx
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def openai_kwargs(api_key: str | None, kwargs: dict[str, Any], http_client: type) -> dict:
+    """The keyword arguments of a session's openai client: the gateway's key, a connection pool
+    of its own on the shared TLS context (`http_client`: openai's default client class), and
+    whatever the caller passed (which wins)."""
+    kwargs.setdefault("api_key", openai_api_key(api_key))
+    if "http_client" not in kwargs:
+        kwargs["http_client"] = http_client(verify=tls_context())
+    return kwargs
 
 
 # ----------------------------------------------------------------------------- calls

@@ -151,11 +151,12 @@ class Session:
     def openai(self, **kwargs: Any) -> openai.OpenAI:
         """An `openai.OpenAI` client bound to this session's base URL.
 
-        Its api_key is the gateway's key (or "unused"); other keyword arguments are passed on.
+        Its api_key is the gateway's key (or "unused"); it shares the SDK's TLS context (its
+        own connection pool); other keyword arguments are passed on.
         """
         import openai
 
-        kwargs.setdefault("api_key", _base.openai_api_key(self._gateway.api_key))
+        kwargs = _base.openai_kwargs(self._gateway.api_key, kwargs, openai.DefaultHttpxClient)
         return openai.OpenAI(base_url=self.base_url, **kwargs)
 
     def reward(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import ssl
 import uuid
 from collections.abc import Callable
 
 import httpx
+import openai
 import pytest
 
 import rlgw_sdk
@@ -329,6 +331,38 @@ def test_api_key_is_sent_as_bearer_and_handed_to_openai():
     assert session.openai().api_key == "agent-key"
     anonymous = Gateway("http://gw", transport=httpx.MockTransport(unexpected_request))
     assert anonymous.session("s").openai().api_key == "unused"
+
+
+def test_session_openai_clients_share_one_tls_context_each_with_its_own_pool(monkeypatch):
+    """Building a TLS context loads the CA bundle (20-150 ms of CPU); an agent makes a client per
+    session, so the SDK builds the context once. A client the caller passes is used as given."""
+    made: list[tuple[str, dict]] = []
+
+    def recording(base: type, kind: str) -> type:
+        class Recording(base):
+            def __init__(self, **kwargs) -> None:
+                made.append((kind, kwargs))
+                super().__init__(**kwargs)
+
+        return Recording
+
+    monkeypatch.setattr(openai, "DefaultHttpxClient", recording(openai.DefaultHttpxClient, "sync"))
+    monkeypatch.setattr(
+        openai, "DefaultAsyncHttpxClient", recording(openai.DefaultAsyncHttpxClient, "async")
+    )
+    gateway = Gateway("http://gw", transport=httpx.MockTransport(unexpected_request))
+    first, second = gateway.session("s1").openai(), gateway.session("s2").openai()
+    bound = AsyncGateway("http://gw", transport=httpx.MockTransport(unexpected_request))
+    third = bound.session("s3").openai()
+    assert [kind for kind, _ in made] == ["sync", "sync", "async"]
+    contexts = [kwargs["verify"] for _, kwargs in made]
+    assert isinstance(contexts[0], ssl.SSLContext)
+    assert all(context is contexts[0] for context in contexts)
+    assert first._client is not second._client  # a connection pool per client
+    assert third.base_url == "http://gw/sessions/s3/v1/"
+    own = openai.DefaultHttpxClient()
+    assert gateway.session("s4").openai(http_client=own)._client is own
+    assert len(made) == 4  # only `own` itself was built
 
 
 def test_an_error_page_that_is_not_json_still_maps_to_its_class():

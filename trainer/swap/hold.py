@@ -3,20 +3,22 @@ updates, so it has the cores (or, on GPUs, the device) to itself.
 
     hold:    active backends -> draining (reason HOLD_REASON; every gateway stops routing to
              them and holds new requests, bounded by RLGW_BACKEND_HOLD_S), vLLM paused in place
-             (`keep`: the answers in flight stay in the engine, frozen mid-answer), then put to
-             sleep (level 1, keeping them; a no-op on the CPU build)
+             (`keep`: the answers in flight stay in the engine, frozen mid-answer), then, with
+             `sleep_level`, put to sleep (keeping them)
     wake:    wake vLLM up before the swap (the swap needs it serving its probe); the answers
              in flight stay paused in place for the swap's stage
     release: every backend still draining for the hold goes back to active, and vLLM resumes
              (unless a swap failed it): the frozen answers go on, from the version the swap
              installed, the swap's boundary recording where each was cut
 
-Nothing waits for the answers in flight: until 2026-12-07 the hold waited until vLLM ran nothing
-(2-4 s a version in the learning benchmark, docs/benchmarks.md "The colocated hold pauses in
-place"). Requests that wait at the gateway are leased after the release, on the version then
-served: none is stamped with the wrong one. Sleep and wake follow vLLM's documented dev-mode API
-(`POST /sleep?level=1&mode=keep`, `POST /wake_up`); on GPUs they are experimental (never run
-here: no GPU build of vLLM runs on our machines).
+Nothing waits for the answers in flight (the hold is bounded by the update, however long the
+answers): until 2026-12-07 it waited until vLLM ran nothing (docs/benchmarks.md, "The colocated
+hold pauses in place"). vLLM's sleep is asked for only where it frees a device (a CUDA trainer):
+on the CPU build it only pauses the scheduler, and its wake-up resumes it. Requests that wait
+at the gateway are leased after the release, on the version then served: none is stamped with
+the wrong one. Sleep and wake follow vLLM's documented dev-mode API (`POST /sleep?level=1&mode=
+keep`, `POST /wake_up`); on GPUs they are experimental (never run here: no GPU build of vLLM runs
+on our machines).
 """
 
 from __future__ import annotations
