@@ -178,10 +178,10 @@ def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Sta
 
 
 class LongAnswer:
-    """CHOICES streamed choices of 1,900 tokens through the gateway (seconds of work for the
+    """CHOICES streamed choices of 1,000 tokens through the gateway (seconds of work for the
     tiny model), read in a thread: the completion id of its first choice, each choice's finish."""
 
-    TOKENS, CHOICES = 1900, 16
+    TOKENS, CHOICES = 1000, 16
 
     def __init__(self, gateway: str) -> None:
         self.client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
