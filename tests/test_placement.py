@@ -93,17 +93,24 @@ def colocated(make_database, tiny_model_dir, tmp_path_factory) -> Iterator[Stack
         stop_backend(proc)
 
 
+def colocated_trainer(stack: Stack, **config) -> tuple[OnlineTrainer, list[str]]:
+    lines: list[str] = []
+    trainer = OnlineTrainer(
+        stack.settings,
+        make_sync_engine(stack.db_url),
+        MODEL_NAME,
+        TrainerConfig(**config),
+        placement=Placement("colocated"),
+        log=lines.append,
+    )
+    return trainer, lines
+
+
 def test_a_colocated_update_holds_generation_and_no_request_fails(colocated: Stack):
     for reward in (1.0, 0.0, 1.0, 0.0):
         colocated.episode(reward)
-    trainer = OnlineTrainer(
-        colocated.settings,
-        make_sync_engine(colocated.db_url),
-        MODEL_NAME,
-        TrainerConfig(lr=1e-2, batch_sessions=4),  # the four episodes: a full batch
-        placement=Placement("colocated"),
-        log=(lines := []).append,
-    )
+    # the four episodes: a full batch
+    trainer, lines = colocated_trainer(colocated, lr=1e-2, batch_sessions=4)
     before = copy.deepcopy(trainer.model)
     states: list[tuple[str, str | None]] = []
     replies: list[str] = []
@@ -221,19 +228,6 @@ def generated_tokens(backend: str) -> float:
         for line in metrics.splitlines()
         if line.startswith("vllm:generation_tokens_total")
     )
-
-
-def colocated_trainer(stack: Stack, **config) -> tuple[OnlineTrainer, list[str]]:
-    lines: list[str] = []
-    trainer = OnlineTrainer(
-        stack.settings,
-        make_sync_engine(stack.db_url),
-        MODEL_NAME,
-        TrainerConfig(**config),
-        placement=Placement("colocated"),
-        log=lines.append,
-    )
-    return trainer, lines
 
 
 @pytest.mark.parametrize("sleep_level", [None, 1], ids=["cpu", "with-sleep"])

@@ -36,14 +36,11 @@ class VllmControl:
     def resume(self) -> None:
         self._post("/resume")
 
-    def sleep(self, level: int = 1, mode: str = "wait") -> None:
+    def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (GPU: level 1 moves the weights to host memory and frees the KV
-        cache; level 2 drops both). A no-op on the CPU build. It pauses the engine first, in
-        `mode`: `wait` lets the running requests finish, `keep` holds them (recomputed on
-        wake-up); neither cuts a request."""
-        if mode not in ("keep", "wait"):
-            raise ValueError(f"a sleep that cuts requests ({mode!r}) is not offered")
-        self._post("/sleep", params={"level": level, "mode": mode})
+        cache; level 2 drops both). It pauses the engine first, keeping the running requests
+        (recomputed on wake-up; none is cut); on the CPU build that pause is all it does."""
+        self._post("/sleep", params={"level": level, "mode": "keep"})
 
     def wake_up(self) -> None:
         self._post("/wake_up")

@@ -42,10 +42,8 @@ HOLD_REASON = "colocated: generation paused while the trainer updates"
 @dataclass
 class HoldReport:
     backends: list[int] = field(default_factory=list)  # the ones held
-    pause_s: float = 0.0  # vLLM paused in place
     sleep_s: float = 0.0
     wake_s: float = 0.0
-    resume_s: float = 0.0
     held_s: float = 0.0  # out of routing for the hold, in all
     problems: list[str] = field(default_factory=list)  # pause/sleep/wake failures (it goes on)
 
@@ -79,12 +77,10 @@ class GenerationHold:
                 self.coordinator.set_state(backend.id, bs.DRAINING, HOLD_REASON)
                 self._urls[backend.id] = backend.url
         self.report.backends = sorted(self._urls)
-        t0 = time.perf_counter()
         self._each("pause", lambda v: v.pause("keep"))
-        self.report.pause_s = time.perf_counter() - t0
         if self.sleep_level is not None:
             t0 = time.perf_counter()
-            self._each("sleep", lambda v: v.sleep(self.sleep_level, mode="keep"))
+            self._each("sleep", lambda v: v.sleep(self.sleep_level))
             self._asleep = True
             self.report.sleep_s = time.perf_counter() - t0
         return self
@@ -95,9 +91,6 @@ class GenerationHold:
     def _each(self, what: str, call: Callable[[VllmControl], None]) -> None:
         for backend_id in self._urls:
             self._call(backend_id, what, call)
-
-    def _resume(self, backend_id: int) -> None:
-        self._call(backend_id, "resume", VllmControl.resume)
 
     def _call(self, backend_id: int, what: str, call: Callable[[VllmControl], None]) -> None:
         try:
@@ -148,11 +141,9 @@ class GenerationHold:
             # Resumed unless a swap failed it (it then ended what it held, or keeps it paused on
             # purpose); one the swap served is running already, and a resume changes nothing.
             # vLLM queues what is routed to it before its resume.
-            t0 = time.perf_counter()
             for backend_id in self._urls:
                 if backend_id not in failed:
-                    self._resume(backend_id)
-            self.report.resume_s = time.perf_counter() - t0
+                    self._call(backend_id, "resume", VllmControl.resume)
         self.report.held_s = time.perf_counter() - self._t0
 
 
