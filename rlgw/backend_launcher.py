@@ -24,6 +24,10 @@ VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 PLATFORMS = ("cpu", "gpu")
 # 512 is too short with a byte-level tokenizer: one small tool schema makes a ~400-token prompt.
 CPU_MAX_MODEL_LEN = 2048
+# vLLM's prefix cache holds whole KV blocks only, and its CPU default block is 128 tokens: longer
+# than most agents' prompts (the demo's is 34), so no prompt was ever found in the cache. 32 is
+# the smallest size the CPU attention kernels are tuned for (docs/benchmarks.md, "Prefix cache").
+CPU_BLOCK_SIZE = 32
 DEFAULT_LOG_LEVEL = "WARNING"
 WORKER_EXTENSION = "rlgw_vllm.extension.WeightUpdateExtension"
 # Adapters resident at once: the served one and the one a swap loads beside it.
@@ -167,6 +171,8 @@ def backend_command(
     if platform == "cpu":
         argv.append("--enforce-eager")
         max_model_len = max_model_len or _cpu_max_model_len(model_dir)
+        if not _has_flag(extra, "--block-size"):
+            argv += ["--block-size", str(CPU_BLOCK_SIZE)]
     if max_model_len and not _has_flag(extra, "--max-model-len"):
         argv += ["--max-model-len", str(max_model_len)]
     if worker_extension:

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from rlgw.backend_launcher import CPU_MAX_MODEL_LEN, BackendArgsError, backend_command
+from rlgw.backend_launcher import (
+    CPU_BLOCK_SIZE,
+    CPU_MAX_MODEL_LEN,
+    BackendArgsError,
+    backend_command,
+)
 
 
 def _model(tmp_path: Path, positions: int = 32768, model_type: str = "qwen2") -> Path:
@@ -24,6 +29,7 @@ def test_cpu_runs_fp32_eager_with_the_weight_plugin_and_a_bounded_context(tmp_pa
     argv, env = backend_command(_model(tmp_path), 8100, platform="cpu", served_model_name="m")
     assert _value(argv, "--dtype") == "float32" and "--enforce-eager" in argv
     assert _value(argv, "--max-model-len") == str(CPU_MAX_MODEL_LEN)
+    assert _value(argv, "--block-size") == str(CPU_BLOCK_SIZE) == "32"  # prompts fit the cache
     assert _value(argv, "--served-model-name") == "m" and _value(argv, "--port") == "8100"
     assert _value(argv, "--worker-extension-cls") == "rlgw_vllm.extension.WeightUpdateExtension"
     assert "--enable-auto-tool-choice" in argv and _value(argv, "--tool-call-parser")
@@ -39,15 +45,16 @@ def test_cpu_context_never_exceeds_the_models_positions(tmp_path: Path) -> None:
 def test_gpu_runs_bf16_with_cuda_graphs_and_the_models_own_context(tmp_path: Path) -> None:
     argv, env = backend_command(_model(tmp_path), 8100, platform="gpu")
     assert _value(argv, "--dtype") == "bfloat16" and "--enforce-eager" not in argv
-    assert "--max-model-len" not in argv
+    assert "--max-model-len" not in argv and "--block-size" not in argv  # vLLM's own on a GPU
     assert _value(argv, "--worker-extension-cls") == "rlgw_vllm.extension.WeightUpdateExtension"
     assert "RLGW_VLLM_KEEP_WEIGHTS" not in env and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
 
 
 def test_flags_given_by_the_user_replace_the_defaults(tmp_path: Path) -> None:
-    extra = ["--dtype", "float16", "--max-model-len", "1024"]
+    extra = ["--dtype", "float16", "--max-model-len", "1024", "--block-size=128"]
     argv, _ = backend_command(_model(tmp_path), 8100, platform="cpu", extra_args=extra)
+    assert "--block-size" not in argv and argv[-1] == "--block-size=128"
     assert argv.count("--dtype") == 1 and _value(argv, "--dtype") == "float16"
     assert argv.count("--max-model-len") == 1 and _value(argv, "--max-model-len") == "1024"
 
