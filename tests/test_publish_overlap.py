@@ -22,7 +22,7 @@ from rlgw.db.models import AgentSession, Consumption, PolicyVersion
 from rlgw.registry import store_model
 from trainer.config import TrainerConfig
 from trainer.loop.leases import ClaimLost
-from trainer.loop.optimizer_state import previous_path, state_path
+from trainer.loop.optimizer_state import saved_states, state_path
 from trainer.loop.service import OnlineTrainer
 from trainer.models.weights import state_dict
 
@@ -89,9 +89,7 @@ def test_overlapped_versions_are_byte_for_byte_those_of_one_update_after_the_oth
         assert [r.version for r in reports] == [1, 2], lines
         assert [r.samples for r in reports] == [4, 4]
         path = state_path(tmp_path / mode, MODEL_NAME)
-        moments = [  # version 1's (kept beside) and version 2's
-            torch.load(p, weights_only=True) for p in (previous_path(path), path)
-        ]
+        moments = saved_states(path)[::-1]  # version 1's (kept beside) and version 2's
         configs = [
             json.loads(path.read_text())
             for path in sorted((tmp_path / mode).rglob("adapter_config.json"))
