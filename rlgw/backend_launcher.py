@@ -25,8 +25,9 @@ PLATFORMS = ("cpu", "gpu")
 # 512 is too short with a byte-level tokenizer: one small tool schema makes a ~400-token prompt.
 CPU_MAX_MODEL_LEN = 2048
 # vLLM's prefix cache holds whole KV blocks only, and its CPU default block is 128 tokens: longer
-# than most agents' prompts (the demo's is 34), so no prompt was ever found in the cache. 32 is
-# the smallest size the CPU attention kernels are tuned for (docs/benchmarks.md, "Prefix cache").
+# than most agents' prompts (the demo's is 38 with its chat template), so none was ever found in
+# the cache. 32 is the smallest size the CPU attention kernels are tuned for (docs/benchmarks.md,
+# "The prefix cache and the moments writer").
 CPU_BLOCK_SIZE = 32
 DEFAULT_LOG_LEVEL = "WARNING"
 WORKER_EXTENSION = "rlgw_vllm.extension.WeightUpdateExtension"

@@ -6,9 +6,9 @@ overwritten in place in turn, and a small index (`optimizer.pt`, replaced atomic
 the version, layout and tensors each slot holds. A save first takes its slot out of the index,
 then writes the bytes, then names the slot in the index: a stop at any point leaves the other
 slot and the index true. Writing in place allocates no new page-cache pages and frees none, and
-the bytes leave through plain writes (the interpreter's lock released): 0.2-0.4 s for the 1 GB
-of a 135M model, against 1-3 s for `torch.save` to a new file and unlinking the old one under
-generation's load (docs/benchmarks.md, "The AdamW moments").
+the bytes leave through plain writes (the interpreter's lock released): 0.24-0.55 s for the 1 GB
+of a 135M model, against 0.9-3.3 s for `torch.save` to a new file and unlinking the old one under
+generation's load (docs/benchmarks.md, "The prefix cache and the moments writer").
 
 Two layouts: torch's own (`optimizer.state_dict()`, moments keyed by parameter index) for one
 process, and the whole state keyed by parameter name that FSDP2 gathers for several ranks. A slot
