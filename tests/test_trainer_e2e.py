@@ -303,9 +303,10 @@ def test_a_restarted_trainer_keeps_its_adamw_moments(env):
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(restored["state"][key][name], moments[name]), (key, name)
 
-    saved = torch.load(second.optimizer_path, weights_only=True)
-    saved["version"] -= 1  # as if the trainer stopped between a commit and its save
-    torch.save(saved, second.optimizer_path)
+    index = torch.load(second.optimizer_path, weights_only=True)  # the slots' index
+    # as if the trainer stopped between a commit and its save
+    index["slots"][index["latest"]]["version"] -= 1
+    torch.save(index, second.optimizer_path)
     third = env.trainer()
     third.close()
     assert third.optimizer.state_dict()["state"] == {}
