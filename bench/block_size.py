@@ -34,9 +34,8 @@ from openai import AsyncOpenAI  # noqa: E402
 
 from bench.cpu_usage import _tree_cpu_s  # noqa: E402
 from bench.multiturn import model_path  # noqa: E402
-from bench.processes import log  # noqa: E402
-from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
-from rlgw.ports import free_port  # noqa: E402
+from bench.processes import log, serve_vllm  # noqa: E402
+from rlgw.backend_launcher import stop_backend  # noqa: E402
 from trainer.models import arithmetic_task as task  # noqa: E402
 
 MODEL_NAME = "block-size"
@@ -80,19 +79,14 @@ async def traffic(url: str, groups: int, concurrency: int, seed: int) -> None:
 
 def measure(args: argparse.Namespace, block_size: int) -> dict:
     home = Path(args.home)
-    model_dir = model_path(args.preset, home)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log(f"starting vLLM with --block-size {block_size}")
-    proc = start_backend(
-        model_dir,
-        port,
-        served_model_name=MODEL_NAME,
-        log_path=home / f"block-size-{block_size}.log",
+    log(f"--block-size {block_size}")
+    proc, url = serve_vllm(
+        model_path(args.preset, home),
+        MODEL_NAME,
+        home / f"block-size-{block_size}.log",
         extra_args=["--block-size", str(block_size)],
     )
     try:
-        wait_healthy(url, timeout_s=600, proc=proc)
         asyncio.run(traffic(url, 2, args.concurrency, seed=10_000))  # warm-up, other prompts
         before, cpu0, t0 = counters(url), _tree_cpu_s(proc.pid), time.perf_counter()
         asyncio.run(traffic(url, args.groups, args.concurrency, seed=args.seed))

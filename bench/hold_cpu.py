@@ -31,9 +31,8 @@ import httpx  # noqa: E402
 
 from bench.cpu_usage import _tree_cpu_s  # noqa: E402
 from bench.multiturn import model_path  # noqa: E402
-from bench.processes import log  # noqa: E402
-from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy  # noqa: E402
-from rlgw.ports import free_port  # noqa: E402
+from bench.processes import log, serve_vllm  # noqa: E402
+from rlgw.backend_launcher import stop_backend  # noqa: E402
 
 MODEL_NAME = "hold-cpu"
 
@@ -63,15 +62,8 @@ def stream(url: str, tokens: int, counts: list[int], index: int) -> None:
 
 def measure(args: argparse.Namespace) -> dict:
     home = Path(args.home)
-    model_dir = model_path(args.preset, home)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log(f"starting vLLM on {model_dir}")
-    proc = start_backend(
-        model_dir, port, served_model_name=MODEL_NAME, log_path=home / "hold-cpu-vllm.log"
-    )
+    proc, url = serve_vllm(model_path(args.preset, home), MODEL_NAME, home / "hold-cpu-vllm.log")
     try:
-        wait_healthy(url, timeout_s=600, proc=proc)
         httpx.post(
             f"{url}/v1/completions",
             json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 8},

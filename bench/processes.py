@@ -59,3 +59,22 @@ def stop_group(proc: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def serve_vllm(
+    model_dir: Path, name: str, log_path: Path, **launch
+) -> tuple[subprocess.Popen, str]:
+    """A vLLM server of `model_dir` as the gateway's launcher starts it (`launch`: its keyword
+    arguments, e.g. extra_args), healthy: (its process, its URL)."""
+    from rlgw.backend_launcher import start_backend, stop_backend, wait_healthy
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log(f"starting vLLM of {model_dir.name} on port {port}")
+    proc = start_backend(model_dir, port, served_model_name=name, log_path=log_path, **launch)
+    try:
+        wait_healthy(url, timeout_s=600, proc=proc)
+    except BaseException:
+        stop_backend(proc)
+        raise
+    return proc, url
